@@ -1,0 +1,39 @@
+# The README's two commands: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: demo test lint protos bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/trackpoint demo
+
+test: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check trackpoint tests bench
+	TRACKPOINT_REQUIRE_TENSORFLOW=1 $(PY) -m pytest -q
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check trackpoint tests bench
+
+# Regenerate the protobuf modules from trackpoint/bundle/protos/*.proto.
+protos: $(VENV)/.installed-dev
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. trackpoint/bundle/protos/*.proto
+
+bench: $(VENV)/.installed-dev
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""trackpoint: TensorFlow-compatible object-based checkpointing without TensorFlow."""

@@ -1,0 +1,118 @@
+"""CheckpointOptions: every knob of a save or restore, in one frozen object."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trackpoint.errors import InvalidArgumentError
+
+__all__ = ["CheckpointOptions", "WriteCallback"]
+
+WriteCallback = Callable[..., Any]
+"""Called after a checkpoint is committed, with no argument or with the checkpoint's prefix."""
+
+
+def _count_required_positional(fn: Callable[..., Any]) -> tuple[int, int | None]:
+    """(minimum, maximum) positional arguments ``fn`` accepts; maximum None means unbounded."""
+    sig = inspect.signature(fn)
+    required = 0
+    maximum: int | None = 0
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            assert maximum is not None
+            maximum += 1
+            if p.default is p.empty:
+                required += 1
+        elif p.kind is p.VAR_POSITIONAL:
+            maximum = None
+        elif p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            required += 1_000  # a required keyword can never be satisfied
+    return required, maximum
+
+
+def _callback_arity(fn: WriteCallback) -> int:
+    """0 or 1: how many arguments trackpoint passes to a write callback."""
+    required, maximum = _count_required_positional(fn)
+    if required > 1:
+        raise InvalidArgumentError(
+            f"write callback {fn!r} requires {required} arguments; a write callback takes "
+            "no argument or one (the checkpoint prefix)"
+        )
+    if required == 1 or maximum is None or maximum >= 1:
+        return 1 if required == 1 else 0
+    return 0
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """Options for ``write``/``save``/``read``/``restore``.
+
+    Args:
+        enable_async: return from ``save``/``write`` after a snapshot of the values; write in a
+            background thread. ``sync()`` waits and raises a background error.
+        sharding_policy: callable mapping one task's ``ShardableTensor``s to shards
+            (``tp.sharding.ShardByTaskPolicy()`` by default).
+        write_callbacks: callables of zero or one argument (the prefix) run in order after
+            the commit (on the writer thread for async saves).
+        skip_slot_variables: on restore, leave optimizer slot state untouched.
+        num_io_threads: threads that write shards concurrently (default: up to 4).
+        fsync: flush files and directories to stable storage before the commit. Turn off only
+            for scratch checkpoints: a machine crash can then lose a "committed" checkpoint.
+        max_staging_bytes: bound on the extra host memory an async snapshot may hold; larger
+            states are snapshotted and written in chunks (the call blocks longer).
+        progress: callable receiving ``trackpoint.saving.ProgressEvent``s during long work.
+    """
+
+    enable_async: bool = False
+    sharding_policy: Callable[..., Any] | None = None
+    write_callbacks: Sequence[WriteCallback] = field(default_factory=tuple)
+    skip_slot_variables: bool = False
+    num_io_threads: int | None = None
+    fsync: bool = True
+    max_staging_bytes: int | None = None
+    progress: Callable[[Any], None] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable_async, bool):
+            raise InvalidArgumentError(
+                f"enable_async must be a bool, got {type(self.enable_async).__name__}"
+            )
+        if self.sharding_policy is not None and not callable(self.sharding_policy):
+            raise InvalidArgumentError(
+                "sharding_policy must be a callable such as tp.sharding.MaxShardSizePolicy(…), "
+                f"got {type(self.sharding_policy).__name__}"
+            )
+        callbacks = self.write_callbacks
+        if callable(callbacks):
+            callbacks = (callbacks,)
+        callbacks = tuple(callbacks)
+        for cb in callbacks:
+            if not callable(cb):
+                raise InvalidArgumentError(f"write callback {cb!r} is not callable")
+            _callback_arity(cb)
+        object.__setattr__(self, "write_callbacks", callbacks)
+        if self.num_io_threads is not None and (
+            not isinstance(self.num_io_threads, int) or self.num_io_threads < 1
+        ):
+            raise InvalidArgumentError(
+                f"num_io_threads must be a positive int, got {self.num_io_threads!r}"
+            )
+        if self.max_staging_bytes is not None and (
+            not isinstance(self.max_staging_bytes, int) or self.max_staging_bytes < 1
+        ):
+            raise InvalidArgumentError(
+                f"max_staging_bytes must be a positive int, got {self.max_staging_bytes!r}"
+            )
+        if self.progress is not None and not callable(self.progress):
+            raise InvalidArgumentError("progress must be callable")
+
+    def run_write_callbacks(self, prefix: str) -> None:
+        """Call every write callback in order, passing ``prefix`` to those that take one."""
+        for cb in self.write_callbacks:
+            if _callback_arity(cb) == 1:
+                cb(prefix)
+            else:
+                cb()

@@ -1,0 +1,158 @@
+"""The byte-backend interface every storage implements.
+
+Call order during a save (all calls come from trackpoint/saving and trackpoint/bundle):
+``makedirs`` → ``open_write`` (one writer per file, possibly from several threads, each on its
+own file) → ``replace`` (local) → ``sync_dir`` → ``remove``/``remove_tree`` for temporaries.
+During a read: ``exists``/``size`` → ``open_range_reader`` → ``RangeReader.read`` many times
+(thread-safe) → ``RangeReader.close``.
+
+Paths are plain strings in the storage's own syntax (a local path, or a URL for fsspec
+backends); ``join``/``dirname``/``basename`` build them so callers never hard-code ``/``.
+Implementations map backend errors to :mod:`trackpoint.errors` types at this boundary.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from abc import ABC, abstractmethod
+from typing import BinaryIO
+
+__all__ = ["RangeReader", "Storage"]
+
+
+class RangeReader(ABC):
+    """Random-access reads of one file. ``read`` is thread-safe.
+
+    For local files this is an mmap and ``read`` returns a zero-copy ``memoryview`` into it.
+    The view is valid until ``close()``.
+    """
+
+    path: str
+
+    @property
+    @abstractmethod
+    def size(self) -> int:
+        """Size of the file in bytes."""
+
+    @abstractmethod
+    def read(self, offset: int, length: int) -> memoryview:
+        """Return exactly ``length`` bytes at ``offset``.
+
+        Raises:
+            DataLossError: the file is shorter than ``offset + length``
+                (message: "Requested N bytes but read M").
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the file (unmap, close handles)."""
+
+    def __enter__(self) -> RangeReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Storage(ABC):
+    """Where checkpoint bytes live: local disk, an fsspec URL, or memory (tests).
+
+    Durability: when ``fsync`` is true, a file returned by ``open_write`` is flushed to stable
+    storage by ``close()``, and ``sync_dir`` makes renames and creations in a directory durable.
+    Thread-safety: methods may be called concurrently on different paths.
+
+    Note for implementers: ``supports_atomic_rename`` selects the commit protocol. When it is
+    false (object stores) the saver writes shards under ``.part`` names next to the final files
+    and writes the index object last; ``replace`` may then be a copy + delete.
+    """
+
+    fsync: bool = True
+
+    # -- capabilities ---------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def supports_atomic_rename(self) -> bool:
+        """True when ``replace`` is atomic (local POSIX filesystems)."""
+
+    # -- abstract operations ------------------------------------------------------------
+    @abstractmethod
+    def open_write(self, path: str) -> BinaryIO:
+        """Open ``path`` for writing, truncating it; parent directories must exist."""
+
+    @abstractmethod
+    def open_range_reader(self, path: str) -> RangeReader:
+        """Open ``path`` for random-access reads.
+
+        Raises:
+            NotFoundError: ``path`` does not exist.
+        """
+
+    @abstractmethod
+    def exists(self, path: str) -> bool:
+        """True if a file or directory exists at ``path``."""
+
+    @abstractmethod
+    def size(self, path: str) -> int:
+        """Size of the file at ``path`` in bytes (``NotFoundError`` if missing)."""
+
+    @abstractmethod
+    def replace(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst``, replacing ``dst``; atomic where supported."""
+
+    @abstractmethod
+    def remove(self, path: str, *, missing_ok: bool = True) -> None:
+        """Delete the file ``path``."""
+
+    @abstractmethod
+    def remove_tree(self, path: str) -> None:
+        """Delete the directory ``path`` and everything below it; no error if missing."""
+
+    @abstractmethod
+    def list(self, path: str) -> list[str]:
+        """Names (not paths) of the entries directly under directory ``path``; [] if missing."""
+
+    @abstractmethod
+    def makedirs(self, path: str) -> None:
+        """Create directory ``path`` and its parents; no error if it exists."""
+
+    # -- derived operations -------------------------------------------------------------
+    def sync_dir(self, path: str) -> None:  # noqa: B027 - no-op unless the backend has dirs
+        """Make creations and renames inside directory ``path`` durable (no-op by default)."""
+
+    def join(self, *parts: str) -> str:
+        return posixpath.join(*parts)
+
+    def dirname(self, path: str) -> str:
+        return posixpath.dirname(path)
+
+    def basename(self, path: str) -> str:
+        return posixpath.basename(path)
+
+    def read_bytes(self, path: str) -> bytes:
+        """The whole file at ``path``."""
+        with self.open_range_reader(path) as reader:
+            return bytes(reader.read(0, reader.size))
+
+    def write_bytes(self, path: str, data: bytes | memoryview) -> None:
+        """Write ``data`` to ``path`` (durable on return when ``fsync`` is set)."""
+        with self.open_write(path) as f:
+            f.write(data)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data`` so readers see the old or the new file, never half.
+
+        Uses a temporary name and ``replace`` where renames are atomic; object stores write
+        whole objects atomically already.
+        """
+        if not self.supports_atomic_rename:
+            self.write_bytes(path, data)
+            return
+        import uuid
+
+        tmp = f"{path}.tmp{uuid.uuid4().hex}"
+        try:
+            self.write_bytes(tmp, data)
+            self.replace(tmp, path)
+        except BaseException:
+            self.remove(tmp, missing_ok=True)
+            raise
+        self.sync_dir(self.dirname(path) or ".")
