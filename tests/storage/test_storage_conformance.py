@@ -1,0 +1,308 @@
+"""One conformance suite (``StorageTests``) run against every storage backend.
+
+Each subclass provides a ``storage`` and an existing, empty ``root`` directory in that
+storage's path syntax; the tests only use the ``Storage`` interface.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from trackpoint.errors import CheckpointError, DataLossError, NotFoundError
+from trackpoint.storage import FsspecStorage, LocalStorage, MemoryStorage, Storage
+
+
+class StorageTests:
+    """Behaviour every ``Storage`` must have. Subclasses set the fixtures and the flag."""
+
+    atomic_rename: bool = True
+
+    @pytest.fixture
+    def storage(self) -> Storage:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def root(self, storage: Storage) -> str:
+        raise NotImplementedError
+
+    # -- capabilities -------------------------------------------------------------------
+    def test_supports_atomic_rename(self, storage: Storage) -> None:
+        assert storage.supports_atomic_rename is self.atomic_rename
+
+    # -- writing and reading ------------------------------------------------------------
+    def test_round_trip_bytes(self, storage: Storage, root: str) -> None:
+        path = storage.join(root, "a.bin")
+        storage.write_bytes(path, b"hello world")
+        assert storage.read_bytes(path) == b"hello world"
+        assert storage.size(path) == 11
+        assert storage.exists(path)
+
+    def test_round_trip_mixed_writes(self, storage: Storage, root: str) -> None:
+        # Small writes are buffered, big ones bypass the buffer: the order must survive both.
+        big = np.arange(600_000, dtype=np.float32)  # 2.4 MB, above any write buffer
+        path = storage.join(root, "mixed")
+        with storage.open_write(path) as f:
+            assert f.write(b"head") == 4
+            assert f.write(big) == big.nbytes
+            assert f.write(memoryview(b"mid")) == 3
+            assert f.write(big[:10]) == 40
+            assert f.write(bytearray(b"tail")) == 4
+            assert f.tell() == 4 + big.nbytes + 3 + 40 + 4
+        expected = b"head" + big.tobytes() + b"mid" + big[:10].tobytes() + b"tail"
+        assert storage.read_bytes(path) == expected
+
+    def test_open_write_truncates(self, storage: Storage, root: str) -> None:
+        path = storage.join(root, "f")
+        storage.write_bytes(path, b"long old content")
+        storage.write_bytes(path, b"new")
+        assert storage.read_bytes(path) == b"new"
+
+    def test_range_reads(self, storage: Storage, root: str) -> None:
+        data = bytes(range(256)) * 10
+        path = storage.join(root, "r")
+        storage.write_bytes(path, data)
+        with storage.open_range_reader(path) as reader:
+            assert reader.size == len(data)
+            assert bytes(reader.read(0, 3)) == data[:3]
+            assert bytes(reader.read(1000, 500)) == data[1000:1500]
+            assert bytes(reader.read(len(data) - 7, 7)) == data[-7:]
+            assert bytes(reader.read(17, 0)) == b""
+            assert isinstance(reader.read(5, 5), memoryview)
+
+    def test_range_read_past_end_is_data_loss(self, storage: Storage, root: str) -> None:
+        path = storage.join(root, "short")
+        storage.write_bytes(path, b"0123456789")
+        with storage.open_range_reader(path) as reader:
+            with pytest.raises(DataLossError, match="Requested 8 bytes but read 4") as info:
+                reader.read(6, 8)
+            assert info.value.path == path
+            with pytest.raises(DataLossError, match="Requested 1 bytes but read 0"):
+                reader.read(10, 1)
+
+    def test_empty_file(self, storage: Storage, root: str) -> None:
+        path = storage.join(root, "empty")
+        storage.write_bytes(path, b"")
+        assert storage.size(path) == 0
+        with storage.open_range_reader(path) as reader:
+            assert reader.size == 0
+            assert bytes(reader.read(0, 0)) == b""
+            with pytest.raises(DataLossError, match="Requested 1 bytes but read 0"):
+                reader.read(0, 1)
+
+    # -- missing files ------------------------------------------------------------------
+    def test_missing_file_is_not_found(self, storage: Storage, root: str) -> None:
+        path = storage.join(root, "nope")
+        assert not storage.exists(path)
+        for call in (
+            lambda: storage.open_range_reader(path),
+            lambda: storage.read_bytes(path),
+            lambda: storage.size(path),
+            lambda: storage.remove(path, missing_ok=False),
+        ):
+            with pytest.raises(NotFoundError) as info:
+                call()
+            assert isinstance(info.value, FileNotFoundError)
+            assert info.value.path == path
+            assert path in str(info.value)
+
+    def test_remove(self, storage: Storage, root: str) -> None:
+        path = storage.join(root, "gone")
+        storage.write_bytes(path, b"x")
+        storage.remove(path)
+        assert not storage.exists(path)
+        storage.remove(path)  # missing_ok defaults to True
+        storage.remove(path, missing_ok=True)
+
+    # -- replace and atomic writes ------------------------------------------------------
+    def test_replace_moves_and_overwrites(self, storage: Storage, root: str) -> None:
+        src, dst = storage.join(root, "src"), storage.join(root, "dst")
+        storage.write_bytes(src, b"new")
+        storage.write_bytes(dst, b"old contents")
+        storage.replace(src, dst)
+        assert not storage.exists(src)
+        assert storage.read_bytes(dst) == b"new"
+        assert storage.list(root) == ["dst"]
+
+    def test_replace_missing_source(self, storage: Storage, root: str) -> None:
+        src, dst = storage.join(root, "src"), storage.join(root, "dst")
+        storage.write_bytes(dst, b"keep")
+        with pytest.raises(NotFoundError) as info:
+            storage.replace(src, dst)
+        assert info.value.path == src
+        assert storage.read_bytes(dst) == b"keep"
+
+    def test_write_atomic_leaves_no_temporary_files(self, storage: Storage, root: str) -> None:
+        path = storage.join(root, "state")
+        storage.write_atomic(path, b"v1")
+        storage.write_atomic(path, b"version 2")
+        assert storage.read_bytes(path) == b"version 2"
+        assert storage.list(root) == ["state"]
+
+    def test_write_atomic_failure_keeps_old_file(
+        self, storage: Storage, root: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        path = storage.join(root, "state")
+        storage.write_atomic(path, b"old")
+
+        def broken_replace(src: str, dst: str) -> None:
+            raise CheckpointError("simulated crash before the rename", path=src)
+
+        monkeypatch.setattr(storage, "replace", broken_replace)
+        if self.atomic_rename:
+            with pytest.raises(CheckpointError, match="simulated crash"):
+                storage.write_atomic(path, b"new")
+            assert storage.read_bytes(path) == b"old"
+        else:  # whole-object writes need no rename
+            storage.write_atomic(path, b"new")
+            assert storage.read_bytes(path) == b"new"
+        assert storage.list(root) == ["state"]
+
+    # -- directories --------------------------------------------------------------------
+    def test_makedirs_list_and_remove_tree(self, storage: Storage, root: str) -> None:
+        sub = storage.join(root, "a", "b")
+        storage.makedirs(sub)
+        storage.makedirs(sub)  # idempotent
+        storage.write_bytes(storage.join(sub, "f2"), b"2")
+        storage.write_bytes(storage.join(sub, "f1"), b"1")
+        storage.write_bytes(storage.join(root, "top"), b"t")
+        assert storage.list(sub) == ["f1", "f2"]
+        assert storage.list(root) == ["a", "top"]
+        assert storage.exists(storage.join(root, "a"))
+        storage.remove_tree(storage.join(root, "a"))
+        assert storage.list(root) == ["top"]
+        assert not storage.exists(storage.join(sub, "f1"))
+        storage.remove_tree(storage.join(root, "a"))  # missing: no error
+
+    def test_list_missing_directory_is_empty(self, storage: Storage, root: str) -> None:
+        assert storage.list(storage.join(root, "missing")) == []
+
+    def test_sync_dir(self, storage: Storage, root: str) -> None:
+        storage.write_bytes(storage.join(root, "f"), b"x")
+        storage.sync_dir(root)  # must not fail on any backend
+
+    def test_path_helpers(self, storage: Storage, root: str) -> None:
+        path = storage.join(root, "dir", "ckpt-1.index")
+        assert storage.basename(path) == "ckpt-1.index"
+        assert storage.dirname(storage.dirname(path)) == root
+        assert storage.join(root, "x").startswith(root)
+
+    # -- concurrency --------------------------------------------------------------------
+    def test_concurrent_writes_and_reads(self, storage: Storage, root: str) -> None:
+        payloads = {f"shard-{i}": np.full(50_000, i, dtype=np.int32) for i in range(6)}
+        errors: list[BaseException] = []
+
+        def write(name: str, array: np.ndarray) -> None:
+            try:
+                storage.write_bytes(storage.join(root, name), array)
+            except BaseException as exc:  # collected and re-checked in the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write, args=item) for item in payloads.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert storage.list(root) == sorted(payloads)
+
+        reader = storage.open_range_reader(storage.join(root, "shard-3"))
+        results: dict[int, bytes] = {}
+
+        def read(i: int) -> None:
+            results[i] = bytes(reader.read(i * 4000, 4000))
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        reader.close()
+        expected = payloads["shard-3"].tobytes()
+        assert results == {i: expected[i * 4000 : (i + 1) * 4000] for i in range(8)}
+
+
+class TestLocalStorage(StorageTests):
+    @pytest.fixture
+    def storage(self) -> Storage:
+        return LocalStorage()
+
+    @pytest.fixture
+    def root(self, storage: Storage, tmp_path_factory: pytest.TempPathFactory) -> str:
+        return str(tmp_path_factory.mktemp("local"))
+
+
+class TestLocalStorageFileUrls(StorageTests):
+    @pytest.fixture
+    def storage(self) -> Storage:
+        return LocalStorage(fsync=False)
+
+    @pytest.fixture
+    def root(self, storage: Storage, tmp_path_factory: pytest.TempPathFactory) -> str:
+        return "file://" + str(tmp_path_factory.mktemp("local-url"))
+
+
+class TestMemoryStorage(StorageTests):
+    @pytest.fixture
+    def storage(self) -> Storage:
+        return MemoryStorage()
+
+    @pytest.fixture
+    def root(self, storage: Storage) -> str:
+        storage.makedirs("/work/ckpt")
+        return "/work/ckpt"
+
+
+class TestMemoryStorageObjectStoreMode(StorageTests):
+    atomic_rename = False
+
+    @pytest.fixture
+    def storage(self) -> Storage:
+        return MemoryStorage(supports_atomic_rename=False)
+
+    @pytest.fixture
+    def root(self, storage: Storage) -> str:
+        return "bucket/ckpt"
+
+
+class TestFsspecMemoryStorage(StorageTests):
+    atomic_rename = False
+
+    @pytest.fixture
+    def storage(self) -> Storage:
+        fsspec = pytest.importorskip("fsspec")
+        return FsspecStorage(fsspec.filesystem("memory"))
+
+    @pytest.fixture
+    def root(self, storage: Storage) -> Iterator[str]:
+        root = f"memory://trackpoint-{uuid.uuid4().hex}"
+        storage.makedirs(root)
+        yield root
+        storage.remove_tree(root)
+
+
+class TestFsspecS3Storage(StorageTests):
+    """FsspecStorage on a real S3 protocol server (moto); needs s3fs."""
+
+    atomic_rename = False
+
+    @pytest.fixture
+    def storage(self, s3_endpoint: str) -> Storage:
+        s3fs = pytest.importorskip("s3fs")
+        fs = s3fs.S3FileSystem(
+            key="testing",
+            secret="testing",
+            client_kwargs={"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+            skip_instance_cache=True,
+        )
+        return FsspecStorage(fs)
+
+    @pytest.fixture
+    def root(self, storage: Storage, s3_bucket: str) -> Iterator[str]:
+        root = f"s3://{s3_bucket}/{uuid.uuid4().hex}"
+        yield root
+        storage.remove_tree(root)

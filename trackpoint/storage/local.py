@@ -1,0 +1,292 @@
+"""Local-disk storage: unbuffered large writes, fsync on close, mmap range reads.
+
+Durability follows the ``Storage`` contract: a file from ``open_write`` is on stable storage
+when ``close()`` returns (``fsync=True``), ``replace`` is ``os.replace`` (atomic on POSIX), and
+``sync_dir`` fsyncs the directory so the rename itself survives a crash.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import shutil
+from typing import TYPE_CHECKING, BinaryIO, cast
+
+from trackpoint.errors import DataLossError, InvalidArgumentError
+from trackpoint.storage._errors import map_os_error
+from trackpoint.storage.base import RangeReader, Storage
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer
+
+__all__ = ["LocalFile", "LocalRangeReader", "LocalStorage"]
+
+# Writes smaller than this are gathered in memory (many small tensors, index blocks); larger
+# ones go straight from the caller's buffer to write(2), so a multi-GB array is never copied.
+_BUFFER_SIZE = 1 << 20
+
+
+def _local(path: str) -> str:
+    """Strip a ``file://`` scheme; ``storage_for`` hands such URLs to this backend."""
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
+class LocalFile(io.BufferedIOBase):
+    """A write-only local file whose ``close()`` flushes and (optionally) fsyncs.
+
+    Small writes are buffered; a write of ``_BUFFER_SIZE`` bytes or more flushes the buffer and
+    is written directly from the caller's memory (zero-copy). Not thread-safe: one writer per
+    file. ``OSError`` (e.g. ENOSPC) surfaces as a ``CheckpointError`` naming the path.
+    """
+
+    def __init__(self, path: str, *, fsync: bool) -> None:
+        super().__init__()
+        self.name = path
+        self._fsync = fsync
+        self._buffer = bytearray()
+        self._position = 0
+        self._failed = False  # a write failed: the contents are undefined, close() only releases
+        try:
+            self._raw = io.FileIO(path, "wb")
+        except OSError as exc:
+            raise map_os_error(exc, path, "opening for write") from exc
+
+    # -- io protocol ------------------------------------------------------------------
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def tell(self) -> int:
+        return self._position
+
+    def write(self, data: Buffer) -> int:  # type: ignore[override]
+        if self.closed:
+            raise ValueError(f"write to closed file {self.name}")
+        view = memoryview(data)
+        if not view.c_contiguous:
+            raise InvalidArgumentError(
+                f"write to {self.name} needs a C-contiguous buffer; make the array contiguous",
+                path=self.name,
+            )
+        view = view.cast("B")
+        n = view.nbytes
+        if len(self._buffer) + n <= _BUFFER_SIZE:
+            self._buffer += view
+        else:
+            self._flush_buffer()
+            if n >= _BUFFER_SIZE:
+                self._write_all(view)
+            else:
+                self._buffer += view
+        self._position += n
+        return n
+
+    def flush(self) -> None:
+        if not self.closed:
+            self._flush_buffer()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if self._failed:
+                return
+            self._flush_buffer()
+            if self._fsync:
+                try:
+                    os.fsync(self._raw.fileno())
+                except OSError as exc:
+                    raise map_os_error(exc, self.name, "syncing") from exc
+        finally:
+            self._buffer = bytearray()  # unwritable after a failure; IOBase.close() flushes
+            self._raw.close()
+            super().close()
+
+    # -- helpers ------------------------------------------------------------------------
+    def _flush_buffer(self) -> None:
+        if self._buffer:
+            self._write_all(memoryview(self._buffer))
+            self._buffer = bytearray()
+
+    def _write_all(self, view: memoryview) -> None:
+        # write(2) may write fewer bytes than asked (Linux caps one call near 2 GiB).
+        try:
+            while view.nbytes:
+                written = self._raw.write(view)
+                if written is None:  # only for non-blocking files, which this is not
+                    continue
+                view = view[written:]
+        except OSError as exc:
+            self._failed = True
+            self._buffer = bytearray()
+            raise map_os_error(exc, self.name, "writing") from exc
+
+
+class LocalRangeReader(RangeReader):
+    """mmap-backed reads of one local file; ``read`` returns zero-copy views.
+
+    ``read`` is thread-safe. Views handed out keep the mapping alive: if any are still
+    referenced at ``close()``, the unmap is left to the garbage collector instead of
+    invalidating memory a caller still uses.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            with open(_local(path), "rb") as f:
+                self._size = os.fstat(f.fileno()).st_size
+                # mmap cannot map an empty file; a zero-length read needs no mapping.
+                self._mmap: mmap.mmap | None = (
+                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self._size else None
+                )
+        except OSError as exc:
+            raise map_os_error(exc, path, "opening for read") from exc
+        self._view = memoryview(self._mmap) if self._mmap is not None else memoryview(b"")
+
+    @property
+    def size(self) -> int:
+        # docstring inherited
+        return self._size
+
+    def read(self, offset: int, length: int) -> memoryview:
+        # docstring inherited
+        if offset < 0 or length < 0:
+            raise InvalidArgumentError(
+                f"invalid read of {length} bytes at offset {offset} in {self.path}", path=self.path
+            )
+        end = offset + length
+        if end > self._size:
+            got = max(0, self._size - offset)
+            raise DataLossError(
+                f"Requested {length} bytes but read {got} at offset {offset} in {self.path} "
+                f"(file size {self._size}); the file is truncated",
+                path=self.path,
+            )
+        return self._view[offset:end]
+
+    def close(self) -> None:
+        # docstring inherited
+        self._view.release()
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # views still referenced: the mapping goes away with the last of them
+            self._mmap = None
+
+
+class LocalStorage(Storage):
+    """Files on a local (POSIX) filesystem.
+
+    Args:
+        fsync: when true, ``open_write(...).close()`` fsyncs the file and ``sync_dir`` fsyncs
+            the directory. Turn off only for scratch data.
+
+    Thread-safe: every method works on its own file descriptors. Paths may carry a
+    ``file://`` scheme, which is stripped.
+    """
+
+    def __init__(self, *, fsync: bool = True) -> None:
+        self.fsync = fsync
+
+    def __repr__(self) -> str:
+        return f"LocalStorage(fsync={self.fsync})"
+
+    @property
+    def supports_atomic_rename(self) -> bool:
+        # docstring inherited
+        return True
+
+    def open_write(self, path: str) -> BinaryIO:
+        # docstring inherited
+        return cast(BinaryIO, LocalFile(_local(path), fsync=self.fsync))
+
+    def open_range_reader(self, path: str) -> RangeReader:
+        # docstring inherited
+        return LocalRangeReader(path)
+
+    def exists(self, path: str) -> bool:
+        # docstring inherited
+        return os.path.exists(_local(path))
+
+    def size(self, path: str) -> int:
+        # docstring inherited
+        try:
+            return os.stat(_local(path)).st_size
+        except OSError as exc:
+            raise map_os_error(exc, path, "reading the size of") from exc
+
+    def replace(self, src: str, dst: str) -> None:
+        # docstring inherited
+        try:
+            os.replace(_local(src), _local(dst))
+        except OSError as exc:
+            raise map_os_error(exc, src, "renaming", target=dst) from exc
+
+    def remove(self, path: str, *, missing_ok: bool = True) -> None:
+        # docstring inherited
+        try:
+            os.remove(_local(path))
+        except FileNotFoundError as exc:
+            if not missing_ok:
+                raise map_os_error(exc, path, "removing") from exc
+        except OSError as exc:
+            raise map_os_error(exc, path, "removing") from exc
+
+    def remove_tree(self, path: str) -> None:
+        # docstring inherited
+        try:
+            shutil.rmtree(_local(path))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise map_os_error(exc, path, "removing the directory") from exc
+
+    def list(self, path: str) -> list[str]:
+        # docstring inherited
+        try:
+            return sorted(os.listdir(_local(path)))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise map_os_error(exc, path, "listing") from exc
+
+    def makedirs(self, path: str) -> None:
+        # docstring inherited
+        try:
+            os.makedirs(_local(path), exist_ok=True)
+        except OSError as exc:
+            raise map_os_error(exc, path, "creating the directory") from exc
+
+    def sync_dir(self, path: str) -> None:
+        """fsync directory ``path`` so renames and new entries in it survive a crash.
+
+        A no-op when ``fsync`` is off or the platform cannot open directories (Windows).
+        """
+        if not self.fsync or not hasattr(os, "O_DIRECTORY"):
+            return
+        try:
+            fd = os.open(_local(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise map_os_error(exc, path, "syncing the directory") from exc
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise map_os_error(exc, path, "syncing the directory") from exc
+        finally:
+            os.close(fd)
+
+    def join(self, *parts: str) -> str:
+        # docstring inherited
+        return os.path.join(*parts)
+
+    def dirname(self, path: str) -> str:
+        # docstring inherited
+        return os.path.dirname(path)
+
+    def basename(self, path: str) -> str:
+        # docstring inherited
+        return os.path.basename(path)

@@ -1,0 +1,322 @@
+"""An in-memory storage with fault injection: the test double shipped with the library.
+
+Like httpx's ``MockTransport``, it lets tests (ours and users') run the whole save/restore
+path without a disk and provoke failures on purpose: a full disk after N bytes
+(:meth:`MemoryStorage.fail_writes_after`) or any error before any operation
+(:meth:`MemoryStorage.set_fault_hook`). It behaves like a local filesystem by default
+(directories must exist, renames are atomic, a file being written is visible as it grows) or
+like an object store with ``supports_atomic_rename=False`` (a file appears whole on close).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import posixpath
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, BinaryIO, cast
+
+from trackpoint.errors import DataLossError, InvalidArgumentError, NotFoundError
+from trackpoint.storage._errors import map_os_error
+from trackpoint.storage.base import RangeReader, Storage
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer
+
+__all__ = ["FaultHook", "MemoryStorage"]
+
+FaultHook = Callable[[str, str], None]
+"""Called as ``hook(operation, path)`` before each operation; raise to make it fail.
+
+Operations: ``open_write``, ``write``, ``close``, ``open_range_reader``, ``read``, ``exists``,
+``size``, ``replace``, ``remove``, ``remove_tree``, ``list``, ``makedirs``, ``sync_dir``.
+"""
+
+_ROOTS = {"", ".", "/"}
+_VERBS = {
+    "open_write": "opening for write",
+    "write": "writing",
+    "close": "closing",
+    "open_range_reader": "opening for read",
+    "read": "reading",
+    "exists": "checking for",
+    "size": "reading the size of",
+    "replace": "renaming",
+    "remove": "removing",
+    "remove_tree": "removing the directory",
+    "list": "listing",
+    "makedirs": "creating the directory",
+    "sync_dir": "syncing the directory",
+}
+
+
+def _norm(path: str) -> str:
+    normal = posixpath.normpath(path) if path else ""
+    return "" if normal in _ROOTS else normal
+
+
+class _MemoryFile(io.BufferedIOBase):
+    def __init__(self, storage: MemoryStorage, path: str, content: bytearray) -> None:
+        super().__init__()
+        self.name = path
+        self._storage = storage
+        self._content = content
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return len(self._content)
+
+    def write(self, data: Buffer) -> int:  # type: ignore[override]
+        if self.closed:
+            raise ValueError(f"write to closed file {self.name}")
+        view = memoryview(data)
+        if not view.c_contiguous:
+            raise InvalidArgumentError(
+                f"write to {self.name} needs a C-contiguous buffer; make the array contiguous",
+                path=self.name,
+            )
+        view = view.cast("B")
+        self._storage._fault("write", self.name)
+        self._storage._append(self.name, self._content, view)
+        return view.nbytes
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._storage._fault("close", self.name)
+            self._storage._commit(self.name, self._content)
+        finally:
+            super().close()
+
+
+class _MemoryRangeReader(RangeReader):
+    def __init__(self, storage: MemoryStorage, path: str, content: bytes) -> None:
+        self.path = path
+        self._storage = storage
+        self._view = memoryview(content)
+
+    @property
+    def size(self) -> int:
+        return self._view.nbytes
+
+    def read(self, offset: int, length: int) -> memoryview:
+        if offset < 0 or length < 0:
+            raise InvalidArgumentError(
+                f"invalid read of {length} bytes at offset {offset} in {self.path}", path=self.path
+            )
+        self._storage._fault("read", self.path)
+        if offset + length > self._view.nbytes:
+            got = max(0, self._view.nbytes - offset)
+            raise DataLossError(
+                f"Requested {length} bytes but read {got} at offset {offset} in {self.path} "
+                f"(file size {self._view.nbytes}); the file is truncated",
+                path=self.path,
+            )
+        return self._view[offset : offset + length]
+
+
+class MemoryStorage(Storage):
+    """Files and directories in a dict; thread-safe; with fault injection for tests.
+
+    Args:
+        supports_atomic_rename: true (default) behaves like a local disk; false like an
+            object store (files appear on close, the saver uses its ``.part`` scheme).
+        fsync: recorded only; ``fsync_count`` counts file closes and ``sync_dir`` calls that
+            would have synced, so tests can check the flag is honoured.
+
+    A reader sees the file as it was when ``open_range_reader`` was called. Every method takes
+    one lock, so concurrent calls from saver threads are safe.
+    """
+
+    def __init__(self, *, supports_atomic_rename: bool = True, fsync: bool = True) -> None:
+        self.fsync = fsync
+        self.fsync_count = 0
+        self.bytes_written = 0
+        self._atomic_rename = supports_atomic_rename
+        self._files: dict[str, bytearray] = {}
+        self._dirs: set[str] = set()
+        self._lock = threading.RLock()
+        self._hook: FaultHook | None = None
+        self._write_budget: int | None = None
+        self._write_error: OSError | None = None
+
+    def __repr__(self) -> str:
+        return f"MemoryStorage({len(self._files)} files, fsync={self.fsync})"
+
+    # -- fault injection ------------------------------------------------------------------
+    def fail_writes_after(self, n_bytes: int, exc: OSError | None = None) -> None:
+        """Accept ``n_bytes`` more bytes across all files, then fail writes with ``exc``.
+
+        The write that crosses the limit stores the bytes that fit, then raises, as a full disk
+        does. ``exc`` defaults to ``OSError(ENOSPC)``; it reaches callers mapped to a
+        ``CheckpointError`` naming the path ("No space left on device while writing ...").
+        """
+        with self._lock:
+            self._write_budget = n_bytes
+            self._write_error = exc or OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def set_fault_hook(self, hook: FaultHook | None) -> None:
+        """Call ``hook(operation, path)`` before every operation (see ``FaultHook``)."""
+        with self._lock:
+            self._hook = hook
+
+    def clear_faults(self) -> None:
+        """Remove the write limit and the fault hook."""
+        with self._lock:
+            self._write_budget = None
+            self._write_error = None
+            self._hook = None
+
+    def _fault(self, operation: str, path: str) -> None:
+        hook = self._hook
+        if hook is None:
+            return
+        try:
+            hook(operation, path)
+        except OSError as exc:
+            raise map_os_error(exc, path, _VERBS.get(operation, operation)) from exc
+
+    # -- file internals -------------------------------------------------------------------
+    def _append(self, path: str, content: bytearray, view: memoryview) -> None:
+        with self._lock:
+            budget = self._write_budget
+            if budget is not None and view.nbytes > budget:
+                content += view[:budget]
+                self.bytes_written += budget
+                self._write_budget = 0
+                error = self._write_error or OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                raise map_os_error(error, path, "writing") from error
+            content += view
+            self.bytes_written += view.nbytes
+            if budget is not None:
+                self._write_budget = budget - view.nbytes
+
+    def _commit(self, path: str, content: bytearray) -> None:
+        with self._lock:
+            if self.fsync:
+                self.fsync_count += 1
+            if not self._atomic_rename:
+                self._files[_norm(path)] = content
+
+    def _check_parent(self, path: str, action: str) -> None:
+        # Object stores have no directories; a local disk needs the parent to exist.
+        parent = _norm(posixpath.dirname(_norm(path)))
+        if self._atomic_rename and parent and parent not in self._dirs:
+            raise NotFoundError(
+                f"No such directory {parent} while {action} {path}; call makedirs first",
+                path=path,
+            )
+
+    # -- Storage --------------------------------------------------------------------------
+    @property
+    def supports_atomic_rename(self) -> bool:
+        # docstring inherited
+        return self._atomic_rename
+
+    def open_write(self, path: str) -> BinaryIO:
+        # docstring inherited
+        self._fault("open_write", path)
+        key = _norm(path)
+        with self._lock:
+            self._check_parent(path, "opening for write")
+            if key in self._dirs or not key:
+                raise InvalidArgumentError(f"{path} is a directory, not a file", path=path)
+            content = bytearray()
+            if self._atomic_rename:  # local-disk behaviour: truncated now, grows as written
+                self._files[key] = content
+        return cast(BinaryIO, _MemoryFile(self, path, content))
+
+    def open_range_reader(self, path: str) -> RangeReader:
+        # docstring inherited
+        self._fault("open_range_reader", path)
+        with self._lock:
+            content = self._files.get(_norm(path))
+            if content is None:
+                raise NotFoundError(f"No such file while opening for read {path}", path=path)
+            return _MemoryRangeReader(self, path, bytes(content))
+
+    def exists(self, path: str) -> bool:
+        # docstring inherited
+        self._fault("exists", path)
+        key = _norm(path)
+        with self._lock:
+            if not key or key in self._files or key in self._dirs:
+                return True
+            return any(f.startswith(key + "/") for f in self._files)  # implied by its files
+
+    def size(self, path: str) -> int:
+        # docstring inherited
+        self._fault("size", path)
+        with self._lock:
+            content = self._files.get(_norm(path))
+            if content is None:
+                raise NotFoundError(f"No such file while reading the size of {path}", path=path)
+            return len(content)
+
+    def replace(self, src: str, dst: str) -> None:
+        # docstring inherited
+        self._fault("replace", src)
+        with self._lock:
+            content = self._files.get(_norm(src))
+            if content is None:
+                raise NotFoundError(f"No such file while renaming {src} to {dst}", path=src)
+            self._check_parent(dst, "renaming to")
+            if _norm(dst) in self._dirs:
+                raise InvalidArgumentError(f"cannot replace directory {dst} with a file", path=dst)
+            self._files[_norm(dst)] = self._files.pop(_norm(src))
+
+    def remove(self, path: str, *, missing_ok: bool = True) -> None:
+        # docstring inherited
+        self._fault("remove", path)
+        with self._lock:
+            if self._files.pop(_norm(path), None) is None and not missing_ok:
+                raise NotFoundError(f"No such file while removing {path}", path=path)
+
+    def remove_tree(self, path: str) -> None:
+        # docstring inherited
+        self._fault("remove_tree", path)
+        key = _norm(path)
+        prefix = key + "/" if key else ""
+        with self._lock:
+            for name in [f for f in self._files if f == key or f.startswith(prefix)]:
+                del self._files[name]
+            self._dirs = {d for d in self._dirs if d != key and not d.startswith(prefix)}
+
+    def list(self, path: str) -> list[str]:
+        # docstring inherited
+        self._fault("list", path)
+        key = _norm(path)
+        prefix = key + "/" if key else ""
+        with self._lock:
+            entries = [*self._files, *self._dirs]
+        names = set()
+        for entry in entries:
+            if key and not entry.startswith(prefix):
+                continue
+            # Directories implied by deeper files count as entries, as on object stores.
+            names.add(entry[len(prefix) :].lstrip("/").split("/", 1)[0])
+        names.discard("")
+        return sorted(names)
+
+    def makedirs(self, path: str) -> None:
+        # docstring inherited
+        self._fault("makedirs", path)
+        key = _norm(path)
+        with self._lock:
+            if key in self._files:
+                raise InvalidArgumentError(f"{path} exists and is a file", path=path)
+            while key and key not in _ROOTS:
+                self._dirs.add(key)
+                key = posixpath.dirname(key)
+
+    def sync_dir(self, path: str) -> None:
+        # docstring inherited
+        self._fault("sync_dir", path)
+        if self.fsync:
+            with self._lock:
+                self.fsync_count += 1
