@@ -1,0 +1,48 @@
+"""CRC-32C (Castagnoli) and TensorFlow's checksum masking (tf-checkpoint-format.md §2.2).
+
+Every checksum in a bundle is a CRC-32C stored *masked*: TensorFlow rotates the CRC and adds a
+constant so that a CRC computed over bytes that themselves contain a CRC is not degenerate.
+The hashing itself is the ``crc32c`` package (hardware-accelerated, releases the GIL on large
+buffers), so callers hash numpy buffers and mmap slices without copying them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import crc32c as _crc32c
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = ["MASK_DELTA", "crc32c", "extend", "mask", "masked_crc32c", "unmask"]
+
+MASK_DELTA = 0xA282EAD8
+_U32 = 0xFFFFFFFF
+
+
+def crc32c(data: Buffer) -> int:
+    """CRC-32C of ``data`` (any C-contiguous buffer: bytes, memoryview, numpy array)."""
+    return _crc32c.crc32c(data)
+
+
+def extend(crc: int, data: Buffer) -> int:
+    """Continue the running CRC ``crc`` over ``data``: ``extend(crc32c(a), b) == crc32c(a + b)``."""
+    return _crc32c.crc32c(data, crc)
+
+
+def mask(crc: int) -> int:
+    """Masked form of ``crc``: rotate right by 15 bits, then add ``MASK_DELTA`` (mod 2**32)."""
+    crc &= _U32
+    return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & _U32
+
+
+def unmask(masked: int) -> int:
+    """Inverse of :func:`mask`: subtract ``MASK_DELTA``, then rotate left by 15 bits."""
+    rot = (masked - MASK_DELTA) & _U32
+    return ((rot >> 17) | (rot << 15)) & _U32
+
+
+def masked_crc32c(data: Buffer) -> int:
+    """``mask(crc32c(data))``: as stored in block trailers and ``BundleEntryProto.crc32c``."""
+    return mask(_crc32c.crc32c(data))

@@ -1,0 +1,168 @@
+"""Merge bundles into one checkpoint (TensorFlow's ``MergeBundles``, §11.2).
+
+The saver writes each shard as its own one-file bundle under a temporary prefix, then merges
+them: data files are renamed into place (no bytes copied), the entries of all inputs are
+combined into one index, and that index is written last. The final ``prefix.index`` is the
+commit point, so a crash before it leaves no checkpoint rather than a broken one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from trackpoint._types import PathLike, fspath
+from trackpoint.bundle.entries import parse_entry, parse_header
+from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
+from trackpoint.bundle.table import TableBuilder, read_table
+from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
+
+if TYPE_CHECKING:
+    from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto
+    from trackpoint.storage.base import Storage
+
+__all__ = ["merge_bundles"]
+
+logger = logging.getLogger(__name__)
+
+
+def _key_text(raw_key: bytes) -> str:
+    return raw_key.decode("utf-8", "backslashreplace")
+
+
+class _Merger:
+    """State of one merge: entries by key and data files in first-seen order."""
+
+    def __init__(self, storage: Storage, out_prefix: str) -> None:
+        self.storage = storage
+        self.out_prefix = out_prefix
+        self.entries: dict[bytes, BundleEntryProto] = {}
+        self.files: dict[str, int] = {}  # input data file -> new shard id
+        self.header: BundleHeaderProto | None = None
+        self.total_shards = 0
+
+    def add_bundle(self, prefix: str) -> None:
+        index_path = index_filename(prefix)
+        with self.storage.open_range_reader(index_path) as reader:
+            data = bytes(reader.read(0, reader.size))
+        pairs = read_table(data, index_path)
+        if not pairs or pairs[0][0] != b"":
+            raise CheckpointError(f"Index {index_path} has no header entry", path=index_path)
+        header = parse_header(pairs[0][1], index_path)
+        if self.header is None:
+            self.header = header
+        elif header.endianness != self.header.endianness:
+            raise InvalidArgumentError(
+                f"Cannot merge {prefix}: its endianness differs from the first bundle's",
+                path=index_path,
+            )
+        elif header.version.SerializeToString() != self.header.version.SerializeToString():
+            raise InvalidArgumentError(
+                f"Cannot merge {prefix}: its version {header.version} differs from the first "
+                f"bundle's {self.header.version}",
+                path=index_path,
+            )
+        self.total_shards += header.num_shards
+        for raw_key, value in pairs[1:]:
+            entry = parse_entry(value, key=_key_text(raw_key), path=index_path)
+            self._add_entry(prefix, header.num_shards, raw_key, entry)
+
+    def _add_entry(
+        self, prefix: str, num_shards: int, raw_key: bytes, entry: BundleEntryProto
+    ) -> None:
+        earlier = self.entries.get(raw_key)
+        if earlier is None:
+            source = data_filename(prefix, entry.shard_id, num_shards)
+            entry.shard_id = self.files.setdefault(source, len(self.files))
+            self.entries[raw_key] = entry
+            return
+        key = _key_text(raw_key)
+        if not earlier.slices or not entry.slices:
+            raise InvalidArgumentError(
+                f"Duplicate tensor keyed by '{key}' encountered when merging {prefix} into "
+                f"{self.out_prefix}",
+                path=prefix,
+                key=key,
+            )
+        if earlier.dtype != entry.dtype or earlier.shape != entry.shape:
+            raise InvalidArgumentError(
+                f"Slices of '{key}' disagree on dtype or full shape between the merged "
+                f"bundles (in {prefix})",
+                path=prefix,
+                key=key,
+            )
+        earlier.slices.extend(entry.slices)
+
+    def commit(self) -> None:
+        assert self.header is not None
+        count = len(self.files)
+        for source, shard_id in self.files.items():
+            target = data_filename(self.out_prefix, shard_id, count)
+            if source != target:
+                self.storage.replace(source, target)
+        header = type(self.header)()
+        header.CopyFrom(self.header)
+        # TF writes the sum of the inputs' num_shards; that equals the number of renamed data
+        # files unless an input had no entries (§17.4), where TF's file would be unreadable.
+        header.num_shards = count or self.total_shards
+        builder = TableBuilder()
+        builder.add(b"", header.SerializeToString())
+        for raw_key in sorted(self.entries):
+            builder.add(raw_key, self.entries[raw_key].SerializeToString())
+        self.storage.write_atomic(index_filename(self.out_prefix), builder.finish())
+
+
+def merge_bundles(
+    prefixes: Sequence[PathLike],
+    out_prefix: PathLike,
+    *,
+    storage: Storage | None = None,
+    allow_missing_files: bool = False,
+) -> None:
+    """Merge the bundles at ``prefixes`` (in order) into ``out_prefix``.
+
+    Data files are moved with ``storage.replace`` and numbered in first-seen order; slices of
+    the same tensor from different bundles are combined. ``out_prefix.index`` is written last
+    and atomically; then the input indexes are deleted (best effort). With one input this is
+    a rename of a whole bundle.
+
+    Raises:
+        NotFoundError: an input index is missing (unless ``allow_missing_files``), or no
+            input exists.
+        InvalidArgumentError: a key appears in two bundles (unless both are slices of it),
+            or versions / endianness differ.
+        DataLossError: an input index is damaged.
+    """
+    out = fspath(out_prefix)
+    store = resolve_storage(out, storage)
+    parent = store.dirname(out)
+    if parent:
+        store.makedirs(parent)
+    merger = _Merger(store, out)
+    merged: list[str] = []
+    for prefix in map(fspath, prefixes):
+        if not store.exists(index_filename(prefix)):
+            if allow_missing_files:
+                logger.info("merge into %s: skipping missing bundle %s", out, prefix)
+                continue
+            raise NotFoundError(
+                f"Cannot merge into {out}: bundle {prefix} has no index file "
+                f"{index_filename(prefix)}",
+                path=prefix,
+            )
+        merger.add_bundle(prefix)
+        merged.append(prefix)
+    if not merged:
+        raise NotFoundError(
+            f"Cannot merge into {out}: none of the {len(prefixes)} input bundles exist",
+            path=out,
+        )
+    merger.commit()
+    out_index = index_filename(out)
+    for prefix in merged:
+        if index_filename(prefix) != out_index:
+            try:
+                store.remove(index_filename(prefix), missing_ok=True)
+            except CheckpointError as exc:
+                logger.warning("could not delete merged index %s: %s", prefix, exc)

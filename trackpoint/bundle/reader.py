@@ -1,0 +1,423 @@
+"""Read a bundle: the whole index up front, tensor bytes on demand through mmap (§3.9, §16).
+
+The index is parsed once with every block checksum verified. Data files are opened lazily via
+``Storage.open_range_reader`` (an mmap for local files), so reading a tensor hashes the mapped
+bytes in place and either returns a read-only view of them or copies them once into the result.
+Every error names the file and the checkpoint key.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trackpoint._types import PathLike, fspath
+from trackpoint.bundle.crc import crc32c, unmask
+from trackpoint.bundle.dtypes import DataType, element_size, numpy_dtype_for
+from trackpoint.bundle.entries import check_header, entry_shape, parse_entry, parse_header
+from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
+from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleHeaderProto
+from trackpoint.bundle.slice_spec import TensorSlice, encode_slice_key
+from trackpoint.bundle.strings import decode_strings
+from trackpoint.bundle.table import read_table
+from trackpoint.errors import (
+    DataLossError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto
+    from trackpoint.storage.base import RangeReader, Storage
+
+__all__ = ["BundleReader"]
+
+logger = logging.getLogger(__name__)
+
+
+def _swap_to_native(raw: memoryview, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A new native-order array from big-endian bytes (complex: each half swapped)."""
+    unit = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    if unit == 1:
+        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    words = np.frombuffer(raw, dtype=f">u{unit}").astype(f"=u{unit}")
+    return words.view(dtype).reshape(shape)
+
+
+class BundleReader:
+    """Random access to the tensors of the bundle at ``prefix``.
+
+    Thread-safe for concurrent reads. Arrays returned with ``copy=False`` are read-only views
+    into the mapped data file and stay valid until :meth:`close`.
+
+    Raises (constructor):
+        NotFoundError: ``prefix.index`` does not exist.
+        DataLossError: the index is damaged.
+        InvalidArgumentError: the bundle's version excludes this reader.
+    """
+
+    def __init__(self, prefix: PathLike, *, storage: Storage | None = None) -> None:
+        self._prefix = fspath(prefix)
+        self._storage = resolve_storage(self._prefix, storage)
+        self._index_path = index_filename(self._prefix)
+        try:
+            with self._storage.open_range_reader(self._index_path) as index_reader:
+                # Indexes are small; a private copy lets the mapping close right away.
+                data = bytes(index_reader.read(0, index_reader.size))
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"Checkpoint not found: no index file {self._index_path} for prefix "
+                f"'{self._prefix}'. Check the path, or whether the save finished",
+                path=self._prefix,
+            ) from exc
+        pairs = read_table(data, self._index_path)
+        if not pairs or pairs[0][0] != b"":
+            raise DataLossError(
+                f"Corrupted index file {self._index_path}: no header entry (key '')",
+                path=self._index_path,
+            )
+        self._header = parse_header(pairs[0][1], self._index_path)
+        check_header(self._header, self._index_path)
+        self._big_endian = self._header.endianness == BundleHeaderProto.BIG
+        self._values: dict[str, bytes] = {}
+        self._slice_values: dict[bytes, bytes] = {}
+        for raw_key, value in pairs[1:]:
+            if raw_key[:1] == b"\x00":
+                self._slice_values[raw_key] = value
+            else:
+                self._values[raw_key.decode("utf-8", "surrogateescape")] = value
+        self._entries: dict[str, BundleEntryProto] = {}
+        self._lock = threading.Lock()
+        self._data: dict[int, RangeReader] = {}
+        self._closed = False
+
+    # -- metadata --------------------------------------------------------------------------
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def header(self) -> BundleHeaderProto:
+        """The header entry (num_shards, endianness, version)."""
+        return self._header
+
+    @property
+    def num_shards(self) -> int:
+        return self._header.num_shards
+
+    def keys(self) -> list[str]:
+        """Checkpoint keys in index (UTF-8 byte) order; no header, no slice keys."""
+        return list(self._values)
+
+    def has_tensor(self, key: str) -> bool:
+        return key in self._values
+
+    def entry(self, key: str) -> BundleEntryProto:
+        """The ``BundleEntryProto`` of ``key`` (parsed once, then cached)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            value = self._values.get(key)
+            if value is None:
+                raise NotFoundError(
+                    f"Key '{key}' not found in checkpoint {self._prefix}",
+                    path=self._prefix,
+                    key=key,
+                )
+            entry = parse_entry(value, key=key, path=self._index_path)
+            self._entries[key] = entry
+        return entry
+
+    def datatype(self, key: str) -> DataType:
+        value = self.entry(key).dtype
+        try:
+            return DataType(value)
+        except ValueError:
+            raise DataLossError(
+                f"Unknown dtype {value} for key '{key}' in {self._index_path}",
+                path=self._index_path,
+                key=key,
+            ) from None
+
+    def dtype(self, key: str) -> np.dtype:
+        """The numpy dtype ``read(key)`` returns (object for strings)."""
+        return numpy_dtype_for(self.datatype(key), key=key, path=self._index_path)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return entry_shape(self.entry(key), key=key, path=self._index_path)
+
+    def slices(self, key: str) -> list[TensorSlice]:
+        """The stored slices of a partitioned tensor, in order; ``[]`` if unsliced."""
+        return [TensorSlice.from_proto(p) for p in self.entry(key).slices]
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, key: str, *, copy: bool = True) -> np.ndarray:
+        """The whole tensor ``key``, after verifying its checksum(s).
+
+        With ``copy=False`` an unsliced numeric tensor comes back as a read-only zero-copy
+        view of the mapped file, valid until :meth:`close`. Sliced and string tensors are
+        always assembled into a new array.
+
+        Raises:
+            NotFoundError: unknown key, or its data file is missing.
+            DataLossError: checksum mismatch, truncated file, inconsistent entry.
+        """
+        entry = self.entry(key)
+        if entry.slices:
+            shape = self.shape(key)
+            out = np.empty(shape, dtype=self.dtype(key))
+            self._assemble(key, entry, TensorSlice.full(len(shape)), out)
+            return out
+        return self._read_entry(key, entry, copy=copy)
+
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        """Copy tensor ``key`` into ``out`` (same shape and dtype) with one copy.
+
+        Raises:
+            InvalidArgumentError: ``out`` has another shape or dtype, or is read-only.
+        """
+        shape, dtype = self.shape(key), self.dtype(key)
+        if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != dtype:
+            got = f"{out.dtype} {list(out.shape)}" if isinstance(out, np.ndarray) else type(out)
+            raise InvalidArgumentError(
+                f"Cannot read key '{key}' of {self._prefix} into an array of {got}: the "
+                f"checkpoint holds {dtype} {list(shape)}",
+                path=self._prefix,
+                key=key,
+            )
+        if not out.flags.writeable:
+            raise InvalidArgumentError(
+                f"Cannot read key '{key}' into a read-only array", path=self._prefix, key=key
+            )
+        entry = self.entry(key)
+        if entry.slices:
+            self._assemble(key, entry, TensorSlice.full(len(shape)), out)
+        else:
+            out[...] = self._read_entry(key, entry, copy=False)
+
+    def read_slice(self, key: str, tensor_slice: TensorSlice | str) -> np.ndarray:
+        """The sub-box ``tensor_slice`` of tensor ``key`` as a new array.
+
+        For a partitioned tensor only the stored slices that intersect the box are read.
+
+        Raises:
+            InvalidArgumentError: the slice does not fit the tensor's shape.
+            DataLossError: stored slices do not cover the box, or a checksum fails.
+        """
+        if isinstance(tensor_slice, str):
+            tensor_slice = TensorSlice.parse(tensor_slice)
+        full_shape = self.shape(key)
+        index = tensor_slice.numpy_index(full_shape)  # validates rank and fit
+        entry = self.entry(key)
+        if not entry.slices:
+            return np.array(self._read_entry(key, entry, copy=False)[index], copy=True)
+        out = np.empty(tensor_slice.shape_in(full_shape), dtype=self.dtype(key))
+        self._assemble(key, entry, tensor_slice, out)
+        return out
+
+    def verify(self, key: str | None = None) -> None:
+        """Check the checksums of ``key`` (or of every tensor); raise DataLossError on damage."""
+        for name in self.keys() if key is None else [key]:
+            entry = self.entry(name)
+            if entry.slices:
+                for stored in self.slices(name):
+                    self._read_entry(name, self._slice_entry(name, stored), copy=False)
+            else:
+                self._read_entry(name, entry, copy=False)
+
+    def stored_bytes(self, key: str) -> int:
+        """Bytes ``key`` occupies in the data files (the sum over its slices if sliced)."""
+        entry = self.entry(key)
+        if entry.slices:
+            return sum(int(self._slice_entry(key, s).size) for s in self.slices(key))
+        return int(entry.size)
+
+    # -- internals -------------------------------------------------------------------------
+    def _slice_entry(self, key: str, stored: TensorSlice) -> BundleEntryProto:
+        value = self._slice_values.get(encode_slice_key(key, stored))
+        if value is None:
+            raise DataLossError(
+                f"Checkpoint {self._prefix} lists slice '{stored}' of key '{key}' but has no "
+                "entry for it",
+                path=self._index_path,
+                key=key,
+            )
+        return parse_entry(value, key=f"{key} [slice {stored}]", path=self._index_path)
+
+    def _assemble(
+        self, key: str, entry: BundleEntryProto, target: TensorSlice, out: np.ndarray
+    ) -> None:
+        """Fill ``out`` (the box ``target``) from the stored slices that intersect it (§8.4)."""
+        full_shape = self.shape(key)
+        covered = 0
+        parts: list[TensorSlice] = []
+        for proto in entry.slices:
+            stored = TensorSlice.from_proto(proto)
+            if stored.rank != len(full_shape):
+                raise DataLossError(
+                    f"Slice '{stored}' of key '{key}' has the wrong rank for shape "
+                    f"{list(full_shape)} in {self._index_path}",
+                    path=self._index_path,
+                    key=key,
+                )
+            common = stored.intersect(target)
+            if common is None:
+                continue
+            slice_entry = self._slice_entry(key, stored)
+            if slice_entry.dtype != entry.dtype or entry_shape(
+                slice_entry, key=key, path=self._index_path
+            ) != stored.shape_in(full_shape):
+                raise DataLossError(
+                    f"Slice '{stored}' of key '{key}' has a dtype or shape that disagrees "
+                    f"with the full tensor in {self._index_path}",
+                    path=self._index_path,
+                    key=key,
+                )
+            data = self._read_entry(key, slice_entry, copy=False)
+            out[common.relative_to(target, full_shape)] = data[
+                common.relative_to(stored, full_shape)
+            ]
+            covered += common.num_elements(full_shape)
+            parts.append(common)
+        needed = target.num_elements(full_shape)
+        if covered != needed and not self._covers(parts, target, full_shape):
+            raise DataLossError(
+                f"The stored slices of key '{key}' in {self._prefix} do not cover the "
+                f"requested region '{target}' of shape {list(full_shape)}",
+                path=self._prefix,
+                key=key,
+            )
+
+    @staticmethod
+    def _covers(parts: list[TensorSlice], target: TensorSlice, full_shape: tuple[int, ...]) -> bool:
+        """Exact coverage test, needed only when stored slices overlap."""
+        mask = np.zeros(target.shape_in(full_shape), dtype=bool)
+        for part in parts:
+            mask[part.relative_to(target, full_shape)] = True
+        return bool(mask.all())
+
+    def _data_reader(self, shard_id: int, key: str) -> RangeReader:
+        reader = self._data.get(shard_id)
+        if reader is not None:
+            return reader
+        path = data_filename(self._prefix, shard_id, self.num_shards)
+        with self._lock:
+            if self._closed:
+                raise FailedPreconditionError(
+                    f"BundleReader for {self._prefix} is closed; open a new one to read '{key}'",
+                    path=self._prefix,
+                    key=key,
+                )
+            reader = self._data.get(shard_id)
+            if reader is None:
+                try:
+                    reader = self._storage.open_range_reader(path)
+                except NotFoundError as exc:
+                    raise NotFoundError(
+                        f"Data file {path} of checkpoint {self._prefix} not found (needed for "
+                        f"key '{key}'); the checkpoint is incomplete",
+                        path=path,
+                        key=key,
+                    ) from exc
+                self._data[shard_id] = reader
+        return reader
+
+    def _tensor_bytes(self, key: str, entry: BundleEntryProto) -> tuple[memoryview, str]:
+        """The entry's ``size`` bytes from its data file (not yet checksummed)."""
+        shard_id = entry.shard_id
+        if not 0 <= shard_id < self.num_shards:
+            raise DataLossError(
+                f"Entry for key '{key}' names shard {shard_id} but {self._index_path} has "
+                f"{self.num_shards} shard(s)",
+                path=self._index_path,
+                key=key,
+            )
+        path = data_filename(self._prefix, shard_id, self.num_shards)
+        if entry.offset < 0 or entry.size < 0:
+            raise DataLossError(
+                f"Invalid offset {entry.offset} / size {entry.size} for key '{key}' in "
+                f"{self._index_path}",
+                path=self._index_path,
+                key=key,
+            )
+        reader = self._data_reader(shard_id, key)
+        available = max(0, min(entry.size, reader.size - entry.offset))
+        if available < entry.size:
+            raise DataLossError(
+                f"Requested {entry.size} bytes but read {available} for key '{key}' at "
+                f"offset {entry.offset} of {path}: the data file is truncated",
+                path=path,
+                key=key,
+            )
+        if entry.size == 0:
+            return memoryview(b""), path
+        return reader.read(entry.offset, entry.size), path
+
+    def _read_entry(self, key: str, entry: BundleEntryProto, *, copy: bool) -> np.ndarray:
+        """Read an unsliced entry (a tensor or one slice of one), checksum verified."""
+        datatype = entry.dtype
+        dtype = numpy_dtype_for(datatype, key=key, path=self._index_path)
+        shape = entry_shape(entry, key=key, path=self._index_path)
+        count = math.prod(shape)
+        itemsize = element_size(datatype)
+        if itemsize is not None and entry.size != count * itemsize:
+            raise DataLossError(
+                f"Invalid size in bundle entry: key '{key}', stored size {entry.size}, "
+                f"expected {count * itemsize} for {dtype} {list(shape)} in {self._index_path}",
+                path=self._index_path,
+                key=key,
+            )
+        if itemsize is None and entry.size < count + (4 if entry.size else 0):
+            raise DataLossError(
+                f"Invalid size in bundle entry: key '{key}', size {entry.size} is too small "
+                f"for {count} strings in {self._index_path}",
+                path=self._index_path,
+                key=key,
+            )
+        raw, path = self._tensor_bytes(key, entry)
+        if itemsize is None:
+            result = np.empty(count, dtype=object)
+            result[:] = decode_strings(
+                raw, count, entry.crc32c, key=key, path=path, big_endian=self._big_endian
+            )
+            return result.reshape(shape)
+        actual = crc32c(raw)
+        if actual != unmask(entry.crc32c):
+            raise DataLossError(
+                f"Checksum does not match: stored {unmask(entry.crc32c)} vs. calculated "
+                f"{actual} for key '{key}' in {path}. The data file is corrupt",
+                path=path,
+                key=key,
+            )
+        if self._big_endian:
+            return _swap_to_native(raw, dtype, shape)
+        array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        if copy:
+            return array.copy()
+        array.flags.writeable = False
+        return array
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the data files; views returned with ``copy=False`` become invalid."""
+        with self._lock:
+            self._closed = True
+            readers, self._data = list(self._data.values()), {}
+        for reader in readers:
+            try:
+                reader.close()
+            except BufferError:
+                # Zero-copy views still reference the mapping; it is unmapped when they go.
+                logger.debug("data file %s still has live views at close", reader.path)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

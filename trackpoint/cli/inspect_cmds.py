@@ -1,0 +1,153 @@
+"""``trackpoint ls | info | verify | cat | objects``: read-only views of a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.table import Table
+
+from trackpoint.bundle import BundleReader, DataType
+from trackpoint.checkpoint_utils import resolve_prefix
+from trackpoint.errors import CheckpointError
+from trackpoint.storage import storage_for
+
+__all__ = ["cmd_cat", "cmd_info", "cmd_ls", "cmd_objects", "cmd_verify", "data_file_sizes"]
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _dtype_name(reader: BundleReader, key: str) -> str:
+    if reader.datatype(key) == DataType.DT_STRING:
+        return "string"
+    return str(reader.dtype(key))
+
+
+def data_file_sizes(prefix: str, num_shards: int) -> list[tuple[str, int]]:
+    """(file name, bytes) of each data file of the checkpoint at ``prefix``."""
+    storage = storage_for(prefix)
+    out = []
+    for shard in range(num_shards):
+        path = f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+        out.append((storage.basename(path), storage.size(path) if storage.exists(path) else -1))
+    return out
+
+
+def cmd_ls(args: argparse.Namespace, console: Console) -> int:
+    prefix = resolve_prefix(args.path)
+    with BundleReader(prefix) as reader:
+        table = Table(title=prefix, title_justify="left")
+        table.add_column("key", overflow="fold")
+        table.add_column("dtype")
+        table.add_column("shape")
+        table.add_column("bytes", justify="right")
+        total = 0
+        for key in reader.keys():
+            nbytes = reader.stored_bytes(key)
+            total += nbytes
+            shape = "[" + ", ".join(str(d) for d in reader.shape(key)) + "]"
+            sliced = f" ({len(reader.slices(key))} slices)" if reader.entry(key).slices else ""
+            table.add_row(key, _dtype_name(reader, key), shape + sliced, f"{nbytes:,}")
+        console.print(table)
+        console.print(f"{len(reader.keys())} tensors, {_human(total)}")
+        if args.stats:
+            _print_stats(prefix, reader.num_shards, console)
+    return 0
+
+
+def _print_stats(prefix: str, num_shards: int, console: Console) -> None:
+    storage = storage_for(prefix)
+    files = data_file_sizes(prefix, num_shards)
+    index_bytes = storage.size(prefix + ".index")
+    table = Table(title="files", title_justify="left")
+    table.add_column("file")
+    table.add_column("bytes", justify="right")
+    table.add_row(storage.basename(prefix) + ".index", f"{index_bytes:,}")
+    for name, size in files:
+        table.add_row(name, "missing" if size < 0 else f"{size:,}")
+    console.print(table)
+    total = index_bytes + sum(max(size, 0) for _, size in files)
+    console.print(f"checkpoint size {_human(total)} ({total:,} bytes), {num_shards} shard(s)")
+
+
+def cmd_info(args: argparse.Namespace, console: Console) -> int:
+    prefix = resolve_prefix(args.path)
+    with BundleReader(prefix) as reader:
+        _print_stats(prefix, reader.num_shards, console)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    prefix = resolve_prefix(args.path)
+    problems: list[tuple[str, str]] = []
+    with BundleReader(prefix) as reader:
+        keys = reader.keys()
+        sizes = {key: reader.stored_bytes(key) for key in keys}
+        progress = Progress(
+            TextColumn("verifying"),
+            BarColumn(),
+            TransferSpeedColumn(),
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,
+        )
+        with progress:
+            task = progress.add_task("verify", total=sum(sizes.values()) or 1)
+            for key in keys:
+                try:
+                    reader.verify(key)
+                except CheckpointError as exc:
+                    problems.append((key, str(exc)))
+                progress.advance(task, sizes[key])
+    if problems:
+        table = Table(title=f"damaged tensors in {prefix}", title_justify="left")
+        table.add_column("key", overflow="fold")
+        table.add_column("problem", overflow="fold")
+        for key, msg in problems:
+            table.add_row(key, msg)
+        Console(stderr=True).print(table)
+        Console(stderr=True).print(
+            f"[bold red]FAILED[/]: {len(problems)} of {len(keys)} tensors are damaged"
+        )
+        return 1
+    total = sum(sizes.values())
+    console.print(
+        f"[bold green]OK[/]: {len(keys)} tensors, {_human(total)}, every checksum matches"
+    )
+    return 0
+
+
+def cmd_cat(args: argparse.Namespace, console: Console) -> int:
+    prefix = resolve_prefix(args.path)
+    with BundleReader(prefix) as reader:
+        value = reader.read(args.key)
+    with np.printoptions(threshold=1000, linewidth=max(80, console.width)):
+        sys.stdout.write(f"{args.key}: dtype={value.dtype} shape={list(value.shape)}\n")
+        sys.stdout.write(repr(value) + "\n")
+    return 0
+
+
+def cmd_objects(args: argparse.Namespace, console: Console) -> int:
+    from trackpoint.graph import object_metadata, readable_paths
+
+    prefix = resolve_prefix(args.path)
+    graph = object_metadata(prefix)
+    table = Table(title=prefix, title_justify="left")
+    table.add_column("node", justify="right")
+    table.add_column("path", overflow="fold")
+    table.add_column("attributes", overflow="fold")
+    for node_id, path in readable_paths(graph).items():
+        attrs = ", ".join(a.name for a in graph.nodes[node_id].attributes)
+        table.add_row(str(node_id), path, attrs)
+    console.print(table)
+    return 0
