@@ -1,0 +1,220 @@
+"""Adapter registry: how objects that are not Trackables become nodes of the object graph.
+
+Frameworks register a factory per type (``register_adapter(np.ndarray, Variable.wrap)``;
+``trackpoint/integrations/torch.py`` registers ``torch.Tensor``, ``nn.Module``, …), so the core
+never imports them. Tracked containers, ``AutoTrackable`` attributes and ``Checkpoint(**kwargs)``
+all convert values through :func:`to_trackable`.
+
+One object gets one adapter while the adapter is alive, so the same array reached under two
+names (an alias) is one node of the object graph, as a shared variable is in TensorFlow.
+
+Integrations are loaded lazily: the first time a value whose class (or a base class) comes from
+``torch``, ``numpy.random`` or ``jax`` is seen, the matching ``trackpoint.integrations`` module
+is imported and registers its adapters (:func:`register_lazy_integration` adds more). So
+``import trackpoint`` imports no framework, and a framework object needs no extra import.
+
+Some values are recognised by content, not type: a JAX pytree is a plain dict/list/tuple of jax
+arrays, which must be viewed rather than wrapped in a tracked container (the wrappers would put
+themselves into the user's containers, and JAX cannot flatten them). A *structure adapter*
+(:func:`register_structure_adapter`) claims such values; the JAX one is loaded as soon as jax
+itself has been imported by the program.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from trackpoint.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from trackpoint.tracking.base import Trackable
+
+__all__ = [
+    "AdapterFactory",
+    "claims_structure",
+    "is_adaptable",
+    "register_adapter",
+    "register_lazy_integration",
+    "register_structure_adapter",
+    "to_trackable",
+]
+
+logger = logging.getLogger(__name__)
+
+AdapterFactory = Callable[[Any], "Trackable"]
+"""Turns one framework object into a Trackable that saves and restores it (in place)."""
+
+# Explicit registries (STYLE.md §1): factories by type, and the live adapter of each adapted
+# object, keyed by id(). An adapter holds its object, so while the adapter lives the id cannot
+# be reused; the entry disappears with the adapter.
+_factories: dict[type, AdapterFactory] = {}
+_adapters: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_lock = threading.Lock()
+# Module-name prefix of a framework -> the integration module registering its adapters.
+_lazy_integrations: dict[str, str] = {
+    "torch": "trackpoint.integrations.torch",
+    "numpy.random": "trackpoint.integrations.numpy_random",
+    "jax": "trackpoint.integrations.jax",
+    "jaxlib": "trackpoint.integrations.jax",
+}
+_loaded_integrations: set[str] = set()
+# Structure adapters: (claims, factory), asked in order when no type adapter exists. An
+# integration listed here is imported once its framework module is in sys.modules (it is never
+# imported by us), so e.g. a dict of jax arrays is claimed before anything wraps it.
+_structure_adapters: list[tuple[Callable[[Any], bool], AdapterFactory]] = []
+_lazy_structure_integrations: dict[str, str] = {"jax": "trackpoint.integrations.jax"}
+
+
+def register_adapter(type_: type, factory: AdapterFactory) -> None:
+    """Make instances of ``type_`` (and its subclasses) trackable through ``factory``.
+
+    ``factory(obj)`` returns a Trackable whose ``_serialize_to_tensors`` views ``obj``'s
+    values and whose ``_restore_from_tensors`` writes into ``obj`` in place. Registering a
+    type again replaces its factory.
+
+    Raises:
+        InvalidArgumentError: ``type_`` is not a class or ``factory`` is not callable.
+    """
+    if not isinstance(type_, type):
+        raise InvalidArgumentError(f"register_adapter() needs a class, got {type_!r}")
+    if not callable(factory):
+        raise InvalidArgumentError(f"adapter factory for {type_.__name__} is not callable")
+    _factories[type_] = factory
+
+
+def register_lazy_integration(module_prefix: str, integration_module: str) -> None:
+    """Import ``integration_module`` when a value of a class from ``module_prefix`` is seen.
+
+    ``register_lazy_integration("mylib", "mylib_trackpoint")`` imports ``mylib_trackpoint``
+    (which calls :func:`register_adapter`) the first time a ``mylib.*`` object is tracked.
+
+    Raises:
+        InvalidArgumentError: an empty prefix or a non-str module name.
+    """
+    if not module_prefix or not isinstance(module_prefix, str):
+        raise InvalidArgumentError(
+            f"register_lazy_integration() needs a module prefix, got {module_prefix!r}"
+        )
+    if not isinstance(integration_module, str) or not integration_module:
+        raise InvalidArgumentError(
+            f"register_lazy_integration() needs a module name, got {integration_module!r}"
+        )
+    _lazy_integrations[module_prefix] = integration_module
+
+
+def _integration_for(klass: type) -> str | None:
+    module = getattr(klass, "__module__", None) or ""
+    for prefix, integration in _lazy_integrations.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return integration
+    return None
+
+
+def _activate_integration(cls: type) -> bool:
+    """Import the integration owning one of ``cls``'s bases, once; True if one was imported.
+
+    A missing integration module (e.g. no JAX support installed) is skipped; an error raised
+    while importing one that exists propagates, so a broken integration is not silently ignored.
+    """
+    for klass in cls.__mro__:
+        integration = _integration_for(klass)
+        if integration is None or integration in _loaded_integrations:
+            continue
+        try:
+            importlib.import_module(integration)  # thread-safe: waits for a concurrent import
+        except ModuleNotFoundError as exc:
+            if exc.name != integration:
+                raise
+            logger.debug("no trackpoint integration %s for %s", integration, klass)
+            _loaded_integrations.add(integration)
+            continue
+        _loaded_integrations.add(integration)
+        return True
+    return False
+
+
+def register_structure_adapter(claims: Callable[[Any], bool], factory: AdapterFactory) -> None:
+    """Make values that ``claims(value)`` accepts trackable through ``factory``.
+
+    For values recognised by content rather than type, such as JAX pytrees (plain containers
+    of jax arrays). Asked only for values without a type adapter; a claimed list, dict or tuple
+    is tracked through ``factory`` instead of being wrapped in a tracked container.
+
+    Raises:
+        InvalidArgumentError: ``claims`` or ``factory`` is not callable.
+    """
+    if not callable(claims) or not callable(factory):
+        raise InvalidArgumentError("register_structure_adapter() needs two callables")
+    _structure_adapters.append((claims, factory))
+
+
+def _structure_factory(value: Any) -> AdapterFactory | None:
+    for framework, integration in _lazy_structure_integrations.items():
+        if framework in sys.modules and integration not in _loaded_integrations:
+            try:
+                importlib.import_module(integration)
+            except ModuleNotFoundError as exc:
+                if exc.name != integration:
+                    raise
+            _loaded_integrations.add(integration)
+    for claims, factory in _structure_adapters:
+        if claims(value):
+            return factory
+    return None
+
+
+def claims_structure(value: Any) -> bool:
+    """True if a structure adapter tracks ``value`` (so it must not be wrapped in place)."""
+    return _lookup(value) is None and _structure_factory(value) is not None
+
+
+def _lookup(value: Any) -> AdapterFactory | None:
+    for klass in type(value).__mro__:
+        factory = _factories.get(klass)
+        if factory is not None:
+            return factory
+    return None
+
+
+def _factory_for(value: Any) -> AdapterFactory | None:
+    factory = _lookup(value)
+    if factory is None and _activate_integration(type(value)):
+        factory = _lookup(value)
+    if factory is None and (_structure_adapters or _lazy_structure_integrations):
+        factory = _structure_factory(value)
+    return factory
+
+
+def is_adaptable(value: Any) -> bool:
+    """True if a registered adapter can turn ``value`` into a Trackable."""
+    return _factory_for(value) is not None
+
+
+def to_trackable(value: Any) -> Trackable | None:
+    """``value`` itself if it is a Trackable, its (cached) adapter if one is registered, or None."""
+    from trackpoint.tracking.base import Trackable
+
+    if isinstance(value, Trackable):
+        return value
+    factory = _factory_for(value)
+    if factory is None:
+        return None
+    with _lock:
+        adapter = _adapters.get(id(value))
+        if adapter is not None and adapter._self_adapted_value is value:
+            return adapter  # type: ignore[no-any-return]
+        adapter = factory(value)
+        if not isinstance(adapter, Trackable):
+            raise InvalidArgumentError(
+                f"the adapter for {type(value).__name__} returned {type(adapter).__name__}, "
+                "which is not a Trackable"
+            )
+        object.__setattr__(adapter, "_self_adapted_value", value)
+        _adapters[id(value)] = adapter
+        return adapter

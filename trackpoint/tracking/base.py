@@ -1,0 +1,297 @@
+"""`Trackable`: an object with named dependencies and, optionally, values of its own.
+
+The object model of TensorFlow's object-based checkpoints (``tensorflow/python/trackable/base.py``):
+every object that can be a node of the object graph is a :class:`Trackable`. It names its
+children with *local names* (``_track_trackable``) and may save values of its own through the
+``_serialize_to_tensors`` / ``_restore_from_tensors`` pair.
+
+Deferred restoration lives here as a hook only: a restore that reaches an object whose child does
+not exist yet leaves a :class:`DeferredRestoration` in the parent under the child's local name;
+attaching the child (``_track_trackable``) or creating a lazily made variable
+(``_add_variable``) hands the child to it. The restore machinery that implements the protocol
+sits in ``trackpoint.checkpoint`` and this layer never reads files.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from trackpoint.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from trackpoint.tracking.variable import Variable
+
+__all__ = [
+    "VARIABLE_VALUE_KEY",
+    "DeferredRestoration",
+    "NotTrackable",
+    "Trackable",
+    "TrackableReference",
+    "has_values",
+    "next_restore_uid",
+]
+
+VARIABLE_VALUE_KEY = "VARIABLE_VALUE"
+"""Attribute name under which a variable saves its value (tf-checkpoint-format.md §9.3)."""
+
+# Restore uids order restore requests: the most recently *requested* restore wins (semantics
+# B4) whatever order the objects appear in. A counter, not a clock, so ties cannot happen.
+_restore_uids = itertools.count(1)
+
+
+def next_restore_uid() -> int:
+    """A fresh restore uid, larger than every uid handed out before."""
+    return next(_restore_uids)
+
+
+class TrackableReference(NamedTuple):
+    """One dependency edge: a local name and the child it names."""
+
+    name: str
+    ref: Trackable
+
+
+class DeferredRestoration(Protocol):
+    """A checkpoint node waiting for its Python object (implemented by the restore coordinator).
+
+    Objects store these in ``_deferred_dependencies`` under the child's local name and hand
+    the child over with :meth:`restore` once it exists.
+    """
+
+    @property
+    def restore_uid(self) -> int:
+        """Order of the restore request; larger is more recent."""
+        ...
+
+    def restore(self, trackable: Trackable) -> None:
+        """Bind ``trackable`` to the checkpoint node and restore it and its descendants."""
+        ...
+
+    def value_spec(self) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+        """``(shape, dtype)`` of the saved value if the node is a plain variable, else None."""
+        ...
+
+
+class Trackable:
+    """Base class of every object that can be a node of a checkpoint's object graph.
+
+    Dependencies are declared explicitly with :meth:`_track_trackable`; subclass
+    :class:`~trackpoint.tracking.AutoTrackable` to track attributes on assignment instead.
+    An object saves values of its own by overriding :meth:`_serialize_to_tensors` and
+    :meth:`_restore_from_tensors`.
+
+    The bookkeeping lives in attributes named ``_self_*``, created on first use, so subclasses
+    need not call ``super().__init__()``.
+    """
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _maybe_initialize_trackable(self) -> None:
+        """Create the dependency bookkeeping (not in ``__init__``: subclasses forget to call it)."""
+        if "_self_dependencies" in self.__dict__:
+            return
+        set_ = object.__setattr__
+        set_(self, "_self_dependencies", [])  # list[TrackableReference], in child order
+        set_(self, "_self_dependency_names", {})  # local name -> child
+        set_(self, "_self_deferred", {})  # local name -> list[DeferredRestoration]
+        # uid of the restore that last assigned values to this object; status assertions
+        # compare it with their own uid.
+        set_(self, "_self_update_uid", -1)
+
+    @property
+    def _update_uid(self) -> int:
+        self._maybe_initialize_trackable()
+        return self._self_update_uid  # type: ignore[no-any-return]
+
+    @_update_uid.setter
+    def _update_uid(self, value: int) -> None:
+        self._maybe_initialize_trackable()
+        object.__setattr__(self, "_self_update_uid", value)
+
+    @property
+    def _checkpoint_dependencies(self) -> list[TrackableReference]:
+        """Every named dependency, in child order."""
+        self._maybe_initialize_trackable()
+        return list(self._self_dependencies)
+
+    @property
+    def _deferred_dependencies(self) -> dict[str, list[DeferredRestoration]]:
+        """Restorations waiting for a child of this object to be attached, by local name."""
+        self._maybe_initialize_trackable()
+        return self._self_deferred  # type: ignore[no-any-return]
+
+    # -- children ----------------------------------------------------------------------------
+
+    def _trackable_children(self) -> dict[str, Trackable]:
+        """This object's children by local name, in child order.
+
+        Override to compute children (tracked containers do); never create new objects here:
+        save and restore call it several times and must see the same children.
+        """
+        self._maybe_initialize_trackable()
+        return {ref.name: ref.ref for ref in self._self_dependencies}
+
+    def _lookup_dependency(
+        self, name: str, cached_dependencies: Mapping[str, Trackable] | None = None
+    ) -> Trackable | None:
+        """The child named ``name``, or None.
+
+        Override to create children on demand while restoring (e.g. a state container that
+        recreates missing attributes).
+        """
+        if cached_dependencies is not None:
+            return cached_dependencies.get(name)
+        self._maybe_initialize_trackable()
+        return self._self_dependency_names.get(name)  # type: ignore[no-any-return]
+
+    def _track_trackable(
+        self, trackable: Trackable, name: str, overwrite: bool = False
+    ) -> Trackable:
+        """Declare ``trackable`` a child of this object under the local name ``name``.
+
+        Pending restorations waiting for ``name`` are applied to ``trackable`` at once.
+
+        Args:
+            trackable: the child.
+            name: its local name; names are part of checkpoint keys, so keep them stable.
+            overwrite: replace an existing child of that name silently (attribute assignment
+                does); otherwise a second child under one name is an error.
+
+        Returns:
+            ``trackable``, so a declaration can be an assignment.
+
+        Raises:
+            InvalidArgumentError: ``trackable`` is not a Trackable, ``name`` is not a string,
+                or another object is already tracked under ``name`` and ``overwrite`` is off.
+        """
+        self._maybe_initialize_trackable()
+        if not isinstance(trackable, Trackable):
+            raise InvalidArgumentError(
+                f"_track_trackable() can only track Trackable objects; got {trackable!r} of "
+                f"type {type(trackable).__name__} for the name {name!r}"
+            )
+        if not isinstance(name, str):
+            raise InvalidArgumentError(
+                f"a local name must be a str, got {name!r} of type {type(name).__name__}"
+            )
+        current = self._self_dependency_names.get(name)
+        reference = TrackableReference(name, trackable)
+        if current is not None and current is not trackable:
+            if not overwrite:
+                raise InvalidArgumentError(
+                    f"Called _track_trackable() with name={name!r}, but a Trackable with this "
+                    "name is already declared as a dependency. Names must be unique (or pass "
+                    "overwrite=True)."
+                )
+            deps = self._self_dependencies
+            for index, old in enumerate(deps):
+                if old.name == name:
+                    deps[index] = reference
+        elif current is None:
+            self._self_dependencies.append(reference)
+        self._self_dependency_names[name] = trackable
+        if current is not trackable:
+            self._handle_deferred_dependencies(name, trackable)
+        return trackable
+
+    def _untrack(self, name: str) -> None:
+        """Forget the child named ``name`` (no-op if there is none)."""
+        self._maybe_initialize_trackable()
+        if self._self_dependency_names.pop(name, None) is None:
+            return
+        deps = self._self_dependencies
+        deps[:] = [ref for ref in deps if ref.name != name]
+
+    def _handle_deferred_dependencies(self, name: str, trackable: Trackable) -> None:
+        """Apply restorations waiting for a child named ``name`` to ``trackable``.
+
+        The most recently requested restore runs first; older ones then find the object
+        already restored by a newer request and leave its values alone (semantics B4).
+        Objects that manage children themselves call this when a child appears.
+        """
+        self._maybe_initialize_trackable()
+        trackable._maybe_initialize_trackable()
+        pending = self._self_deferred.pop(name, ())
+        for position in sorted(pending, key=lambda p: p.restore_uid, reverse=True):
+            position.restore(trackable)
+
+    def _add_variable(
+        self,
+        name: str,
+        initial_value: Any | Callable[[], Any] = None,
+        *,
+        dtype: Any = None,
+        shape: tuple[int, ...] | None = None,
+        overwrite: bool = False,
+    ) -> Variable:
+        """Create a variable child named ``name``, restoring it on creation if a restore waits.
+
+        If a pending restore has a value for ``name``, the variable is created with the saved
+        shape and the saved value (the initial value is not evaluated); otherwise from
+        ``initial_value`` (zeros of ``shape`` if None).
+        """
+        import numpy as np
+
+        from trackpoint.tracking.variable import Variable
+
+        spec = self._preload_spec(name)
+        if spec is not None:
+            saved_shape, saved_dtype = spec
+            value: Any = np.zeros(saved_shape, dtype=dtype if dtype is not None else saved_dtype)
+        elif initial_value is None:
+            value = np.zeros(shape or (), dtype=dtype if dtype is not None else np.float32)
+        else:
+            value = initial_value() if callable(initial_value) else initial_value
+        variable = Variable(value, dtype=dtype, name=name)
+        self._track_trackable(variable, name, overwrite=overwrite)
+        return variable
+
+    def _preload_spec(self, name: str) -> tuple[tuple[int, ...], Any] | None:
+        """Saved ``(shape, dtype)`` for a variable about to be created as ``name``, if pending."""
+        self._maybe_initialize_trackable()
+        pending = self._self_deferred.get(name, ())
+        if not pending:
+            return None
+        newest = max(pending, key=lambda p: p.restore_uid)
+        return newest.value_spec()
+
+    # -- values ------------------------------------------------------------------------------
+
+    def _serialize_to_tensors(self) -> dict[str, Any]:
+        """This object's own values to save, by name (no children).
+
+        Values are numpy arrays (or objects an adapter knows how to view as one), a dict
+        ``{slice_spec: array}`` for a partitioned value, or a zero-argument callable that
+        returns one; a callable is called exactly once per save (semantics G2).
+        The default saves nothing.
+        """
+        return {}
+
+    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
+        """Restore this object's values from ``{name: array}`` (names as in the save).
+
+        The arrays may be read-only views that are valid only during the call: copy what you
+        keep. Raise :class:`~trackpoint.errors.InvalidArgumentError` for a value that does
+        not fit, before changing anything.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} saves values but does not implement _restore_from_tensors"
+        )
+
+
+class NotTrackable(Trackable):
+    """Marker base: objects that must never be checkpointed.
+
+    Saving a checkpoint whose object graph reaches one raises ``NotImplementedError`` naming
+    its path (semantics A7), instead of silently writing a checkpoint that cannot restore it.
+    Keep such objects out of the graph or assign them through ``NoDependency``.
+    """
+
+
+def has_values(trackable: Trackable) -> bool:
+    """True if ``trackable`` saves values of its own (it overrides ``_serialize_to_tensors``)."""
+    return type(trackable)._serialize_to_tensors is not Trackable._serialize_to_tensors
