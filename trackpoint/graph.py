@@ -1,0 +1,424 @@
+"""Walking the object graph: node ids, local names, checkpoint keys and the object-graph proto.
+
+From the root, breadth first (tf-checkpoint-format.md §9.2): children in each object's child
+order, an object reached twice keeps its first id and path, and slot variables come after all
+other nodes (per optimizer × slot name × variable, each in node order). Keys follow §9.3:
+local names escaped (``.`` → ``..``, ``/`` → ``.S``) and joined with ``/``, then
+``/.ATTRIBUTES/<escaped value name>``.
+
+Saving gets a :class:`SerializedGraph`: the values of every node keyed by checkpoint key, the
+``TrackableObjectGraph`` proto (stored last, as a scalar string under
+``_CHECKPOINTABLE_OBJECT_GRAPH``, like TF's data order §5.4) and the objects handled by
+registered savers. Custom value names are escaped once, in the attribute and in the key: TF
+escapes the key twice and then cannot restore its own file (§9.3 quirk); the once-escaped key is
+the one TF's restore looks up, so both libraries read ours.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trackpoint._types import PathLike, fspath
+from trackpoint.bundle.checkpoint_reader import OBJECT_GRAPH_PROTO_KEY, CheckpointReader
+from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
+from trackpoint.errors import InvalidArgumentError, NotFoundError
+from trackpoint.tracking.adapters import to_trackable
+from trackpoint.tracking.base import NotTrackable, Trackable, TrackableReference, has_values
+from trackpoint.tracking.python_state import string_scalar
+from trackpoint.tracking.slots import SlotOwner
+from trackpoint.tracking.variable import Variable
+
+__all__ = [
+    "OBJECT_ATTRIBUTES_NAME",
+    "OBJECT_GRAPH_PROTO_KEY",
+    "OPTIMIZER_SLOTS_NAME",
+    "ObjectGraphView",
+    "SerializedGraph",
+    "TensorsByTrackable",
+    "checkpoint_key",
+    "escape_local_name",
+    "list_objects",
+    "node_names",
+    "object_metadata",
+    "object_path_to_string",
+    "slot_variable_key",
+]
+
+_ESCAPE = "."
+OBJECT_ATTRIBUTES_NAME = ".ATTRIBUTES"
+OPTIMIZER_SLOTS_NAME = ".OPTIMIZER_SLOT"
+
+_Proto = TrackableObjectGraph.TrackableObject
+
+
+def escape_local_name(name: str) -> str:
+    """Escape a local name for use in a key: ``.`` → ``..`` first, then ``/`` → ``.S``."""
+    return name.replace(_ESCAPE, _ESCAPE + _ESCAPE).replace("/", _ESCAPE + "S")
+
+
+def object_path_to_string(path: Sequence[TrackableReference]) -> str:
+    """The object path of a node: escaped local names from the root joined by ``/``."""
+    return "/".join(escape_local_name(ref.name) for ref in path)
+
+
+def checkpoint_key(object_path: str, value_name: str) -> str:
+    """``<object path>/.ATTRIBUTES/<escaped value name>`` (the root's path is empty)."""
+    return f"{object_path}/{OBJECT_ATTRIBUTES_NAME}/{escape_local_name(value_name)}"
+
+
+def slot_variable_key(variable_path: str, optimizer_path: str, slot_name: str) -> str:
+    """The object path of a slot variable (its value key adds ``/.ATTRIBUTES/VARIABLE_VALUE``)."""
+    return (
+        f"{variable_path}/{OPTIMIZER_SLOTS_NAME}/{optimizer_path}/"
+        f"{escape_local_name(slot_name)}"
+    )
+
+
+def readable_path(path: Sequence[TrackableReference]) -> str:
+    """``(root).model.dense.kernel``: unescaped local names, as in TF's messages."""
+    return ".".join(["(root)", *(ref.name for ref in path)])
+
+
+class ObjectGraphView:
+    """The object graph seen from ``root``, plus dependencies attached to the root from outside.
+
+    ``Checkpoint(root, **kwargs)`` attaches its keyword arguments (and later ``save_counter``)
+    to the root's node without making them the root's own children.
+
+    Args:
+        root: the root trackable, or a ``weakref.ref`` to it (the view then does not keep the
+            root alive).
+        attached_dependencies: extra children of the root's node, in order; a reference may
+            hold a ``weakref.ref`` (a dead one is skipped). The list is shared, not copied:
+            appending to it later shows in the view.
+    """
+
+    def __init__(
+        self,
+        root: Trackable | weakref.ref[Trackable],
+        attached_dependencies: list[TrackableReference] | None = None,
+    ) -> None:
+        self._root = root
+        self._attached = attached_dependencies if attached_dependencies is not None else []
+
+    @property
+    def root(self) -> Trackable:
+        """The root object.
+
+        Raises:
+            InvalidArgumentError: the root was held weakly and has been garbage-collected.
+        """
+        if isinstance(self._root, weakref.ref):
+            root = self._root()
+            if root is None:
+                raise InvalidArgumentError(
+                    "the checkpoint's root object (held through a weakref) no longer exists"
+                )
+            return root
+        return self._root
+
+    @property
+    def attached_dependencies(self) -> list[TrackableReference]:
+        return self._attached
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ObjectGraphView:
+        root: Any = self._root
+        if isinstance(root, weakref.ref):
+            strong = root()
+            root = weakref.ref(copy.deepcopy(strong, memo)) if strong is not None else root
+        else:
+            root = copy.deepcopy(root, memo)
+        copied = ObjectGraphView.__new__(ObjectGraphView)
+        memo[id(self)] = copied
+        copied._root = root
+        attached = []
+        for ref in self._attached:
+            child: Any = ref.ref
+            if isinstance(child, weakref.ref):
+                strong = child()
+                child = weakref.ref(copy.deepcopy(strong, memo)) if strong is not None else child
+            else:
+                child = copy.deepcopy(child, memo)
+            attached.append(TrackableReference(ref.name, child))
+        copied._attached = attached
+        return copied
+
+    def list_children(self, obj: Trackable) -> list[TrackableReference]:
+        """Children of ``obj`` in child order (the root's attached dependencies last).
+
+        Raises:
+            InvalidArgumentError: a child is neither a Trackable nor adaptable.
+        """
+        children = []
+        for name, child in obj._trackable_children().items():
+            trackable = to_trackable(child)
+            if trackable is None:
+                raise InvalidArgumentError(
+                    f"{type(obj).__name__}._trackable_children() returned {child!r} of type "
+                    f"{type(child).__name__} under {name!r}, which is not trackable"
+                )
+            children.append(TrackableReference(name, trackable))
+        if obj is self.root:
+            for ref in self._attached:
+                child = ref.ref() if isinstance(ref.ref, weakref.ref) else ref.ref
+                if child is not None:
+                    children.append(TrackableReference(ref.name, child))
+        return children
+
+    def breadth_first_traversal(
+        self,
+    ) -> tuple[list[Trackable], dict[int, tuple[TrackableReference, ...]]]:
+        """Every reachable object in node order, and its path by ``id()``."""
+        root = self.root
+        objects = [root]
+        paths: dict[int, tuple[TrackableReference, ...]] = {id(root): ()}
+        queue = collections.deque([root])
+        while queue:
+            current = queue.popleft()
+            base_path = paths[id(current)]
+            for ref in self.list_children(current):
+                if id(ref.ref) not in paths:
+                    paths[id(ref.ref)] = (*base_path, ref)
+                    objects.append(ref.ref)
+                    queue.append(ref.ref)
+        return objects, paths
+
+
+class TensorsByTrackable:
+    """``{trackable: {checkpoint_key: value}}`` keyed by identity (trackables may be unhashable
+    or define ``__eq__``); what ``MultiDeviceSaver`` takes. ``None`` owns the object graph."""
+
+    def __init__(self) -> None:
+        self._pairs: list[tuple[Trackable | None, dict[str, Any]]] = []
+
+    def add(self, trackable: Trackable | None, tensors: dict[str, Any]) -> None:
+        self._pairs.append((trackable, tensors))
+
+    def items(self) -> list[tuple[Trackable | None, dict[str, Any]]]:
+        return list(self._pairs)
+
+    def __iter__(self) -> Iterator[Trackable | None]:
+        return (trackable for trackable, _ in self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def keys(self) -> list[str]:
+        """Every checkpoint key, in data order."""
+        return [key for _, tensors in self._pairs for key in tensors]
+
+
+@dataclass(frozen=True, slots=True)
+class SerializedGraph:
+    """Everything one save writes, gathered from the live objects."""
+
+    object_graph_proto: TrackableObjectGraph
+    """The graph, ``has_checkpoint_values`` set on every node."""
+    tensors: TensorsByTrackable
+    """Values by trackable and checkpoint key, the object graph last."""
+    registered_savers: dict[str, dict[str, Trackable]]
+    """``{saver name: {object path: trackable}}`` for registered savers."""
+    objects: tuple[Trackable, ...]
+    """Every node's object, by node id."""
+
+
+@dataclass(slots=True)
+class _Walk:
+    objects: list[Trackable]
+    paths: dict[int, tuple[TrackableReference, ...]]
+    names: dict[int, str]
+    node_ids: dict[int, int]
+    slot_refs: dict[int, list[_Proto.SlotVariableReference]]
+
+
+def _walk(view: ObjectGraphView, *, skip_slot_variables: bool = False) -> _Walk:
+    objects, paths = view.breadth_first_traversal()
+    names = {key: object_path_to_string(path) for key, path in paths.items()}
+    node_ids = {id(obj): i for i, obj in enumerate(objects)}
+    walk = _Walk(objects, paths, names, node_ids, {})
+    if not skip_slot_variables:
+        _add_slot_variables(walk)
+    return walk
+
+
+def _add_slot_variables(walk: _Walk) -> None:
+    """Append slot variables after the BFS nodes (§9.2) and record their references."""
+    non_slot = list(walk.objects)
+    for optimizer in non_slot:
+        if not isinstance(optimizer, SlotOwner):
+            continue
+        for slot_name in optimizer.get_slot_names():
+            for variable_id, variable in enumerate(non_slot):
+                slot = optimizer.get_slot(variable, slot_name)
+                if slot is None:
+                    continue
+                if slot._trackable_children():
+                    raise NotImplementedError(
+                        f"slot {slot_name!r} of {readable_path(walk.paths[id(variable)])} has "
+                        "children; only variables without dependencies can be slot variables"
+                    )
+                if id(slot) in walk.node_ids:
+                    raise NotImplementedError(
+                        f"slot {slot_name!r} of {readable_path(walk.paths[id(variable)])} is also "
+                        "a regular dependency of a trackable; a slot variable may not be reused"
+                    )
+                walk.names[id(slot)] = slot_variable_key(
+                    walk.names[id(variable)], walk.names[id(optimizer)], slot_name
+                )
+                walk.node_ids[id(slot)] = len(walk.objects)
+                walk.objects.append(slot)
+                walk.slot_refs.setdefault(id(optimizer), []).append(
+                    _Proto.SlotVariableReference(
+                        original_variable_node_id=variable_id,
+                        slot_name=slot_name,
+                        slot_variable_node_id=walk.node_ids[id(slot)],
+                    )
+                )
+
+
+def _full_name(trackable: Trackable) -> str:
+    return trackable.name if isinstance(trackable, Variable) else ""
+
+
+def _set_has_checkpoint_values(proto: TrackableObjectGraph) -> None:
+    """True on a node with values, slots or a registered saver, and on all its ancestors."""
+    parents: dict[int, set[int]] = {}
+    marked = set()
+    for node_id, node in enumerate(proto.nodes):
+        if node.attributes or node.slot_variables or node.HasField("registered_saver"):
+            marked.add(node_id)
+        for child in node.children:
+            parents.setdefault(child.node_id, set()).add(node_id)
+    queue = list(marked)
+    while queue:
+        for parent in parents.pop(queue.pop(), ()):
+            if parent not in marked:
+                marked.add(parent)
+                queue.append(parent)
+    for node_id, node in enumerate(proto.nodes):
+        node.has_checkpoint_values.value = node_id in marked
+
+
+def serialize_graph(
+    view: ObjectGraphView,
+    *,
+    registered_saver_for: Callable[[Trackable], str | None] | None = None,
+) -> SerializedGraph:
+    """Gather every node's values and build the object graph proto.
+
+    Args:
+        view: the graph to save.
+        registered_saver_for: returns the registered saver name handling an object, or None
+            (``trackpoint.saving.get_registered_saver_name``); None: no registered savers.
+
+    Raises:
+        NotImplementedError: a reachable object is a ``NotTrackable`` (semantics A7).
+        InvalidArgumentError: a container cannot be saved ("Unable to save", B12).
+    """
+    walk = _walk(view)
+    proto = TrackableObjectGraph()
+    tensors = TensorsByTrackable()
+    registered: dict[str, dict[str, Trackable]] = {}
+    for obj in walk.objects:
+        path = walk.paths.get(id(obj))
+        if isinstance(obj, NotTrackable):
+            where = readable_path(path) if path is not None else walk.names[id(obj)]
+            raise NotImplementedError(
+                f"{where} is a {type(obj).__name__}, which opted out of checkpointing "
+                "(NotTrackable); keep it out of the object graph (assign it through "
+                "NoDependency) to save this checkpoint"
+            )
+        node = proto.nodes.add()
+        for ref in view.list_children(obj):
+            node.children.add(node_id=walk.node_ids[id(ref.ref)], local_name=ref.name)
+        node.slot_variables.extend(walk.slot_refs.get(id(obj), ()))
+        object_name = walk.names[id(obj)]
+        saver_name = registered_saver_for(obj) if registered_saver_for is not None else None
+        if saver_name:
+            registered.setdefault(saver_name, {})[object_name] = obj
+            node.registered_saver.name = saver_name
+            node.registered_saver.object_name = object_name
+            continue
+        if not has_values(obj):
+            continue
+        values: dict[str, Any] = {}
+        for value_name, value in obj._serialize_to_tensors().items():
+            key = checkpoint_key(object_name, value_name)
+            node.attributes.add(
+                name=escape_local_name(value_name), checkpoint_key=key, full_name=_full_name(obj)
+            )
+            values[key] = value
+        tensors.add(obj, values)
+    _set_has_checkpoint_values(proto)
+    tensors.add(None, {OBJECT_GRAPH_PROTO_KEY: string_scalar(proto.SerializeToString())})
+    return SerializedGraph(proto, tensors, registered, tuple(walk.objects))
+
+
+def list_objects(root: Any, *, skip_slot_variables: bool = False) -> list[Trackable]:
+    """Every object a checkpoint of ``root`` would save, in node order (slot variables last).
+
+    Args:
+        root: a Trackable, an adaptable object (e.g. a numpy array) or an ``ObjectGraphView``.
+
+    Raises:
+        InvalidArgumentError: ``root`` is not trackable.
+    """
+    if isinstance(root, ObjectGraphView):
+        view = root
+    else:
+        trackable = to_trackable(root)
+        if trackable is None:
+            raise InvalidArgumentError(
+                f"list_objects() needs a trackable root, got {type(root).__name__}"
+            )
+        view = ObjectGraphView(trackable)
+    return _walk(view, skip_slot_variables=skip_slot_variables).objects
+
+
+def node_names(proto: TrackableObjectGraph) -> dict[int, str]:
+    """Readable path of every node of a saved graph: ``(root).model.dense.kernel``, and
+    ``(root).opt's state 'm' for (root).v`` for a slot variable (TF's message wording)."""
+    paths: dict[int, tuple[str, ...]] = {0: ("(root)",)} if len(proto.nodes) else {}
+    queue = collections.deque([0] if paths else [])
+    while queue:
+        node_id = queue.popleft()
+        for child in proto.nodes[node_id].children:
+            if child.node_id not in paths and 0 <= child.node_id < len(proto.nodes):
+                paths[child.node_id] = (*paths[node_id], child.local_name)
+                queue.append(child.node_id)
+    names = {node_id: ".".join(path) for node_id, path in paths.items()}
+    for node_id, node in enumerate(proto.nodes):
+        for slot in node.slot_variables:
+            names[slot.slot_variable_node_id] = (
+                f"{names.get(node_id, f'<node {node_id}>')}'s state '{slot.slot_name}' for "
+                f"{names.get(slot.original_variable_node_id, '<unreachable variable>')}"
+            )
+    for node_id in range(len(proto.nodes)):
+        names.setdefault(node_id, f"<unreachable node {node_id}>")
+    return names
+
+
+def object_metadata(prefix: PathLike) -> TrackableObjectGraph:
+    """The object graph stored in the checkpoint ``prefix``.
+
+    Raises:
+        NotFoundError: the checkpoint does not exist, or holds no object graph (a TF1
+            name-based checkpoint).
+        DataLossError: the graph is damaged.
+    """
+    prefix = fspath(prefix)
+    with CheckpointReader(prefix) as reader:
+        proto = reader.object_graph()
+    if proto is None:
+        raise NotFoundError(
+            f"the checkpoint {prefix} has no object graph ({OBJECT_GRAPH_PROTO_KEY}); it was "
+            "written by a name-based saver, read its values by key instead",
+            path=prefix,
+            key=OBJECT_GRAPH_PROTO_KEY,
+        )
+    return proto
