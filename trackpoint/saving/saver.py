@@ -1,0 +1,406 @@
+"""``MultiDeviceSaver``: writes values from many devices into one checkpoint, and reads them back.
+
+TensorFlow's ``functional_saver.MultiDeviceSaver`` without TensorFlow (tf-checkpoint-format.md
+§11–§12): values are grouped by task, each task's values are cut into shards by the sharding
+policy, every shard is written as a one-data-file bundle by a pool of threads, and the bundles
+are merged into ``prefix`` under an atomic commit (:mod:`trackpoint.saving.commit`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trackpoint._types import PathLike, fspath
+from trackpoint.bundle.reader import BundleReader
+from trackpoint.bundle.slice_spec import parse_slice_spec
+from trackpoint.errors import InvalidArgumentError, NotFoundError
+from trackpoint.saving.commit import AtomicCommit
+from trackpoint.saving.devices import LOCAL_TASK, DeviceValue, task_of
+from trackpoint.saving.options import CheckpointOptions
+from trackpoint.saving.registration import get_registered_saver, objects_to_restore
+from trackpoint.saving.shard_writer import payload_bytes, write_shards
+from trackpoint.saving.sharding import (
+    MaxShardSizePolicy,
+    Shard,
+    ShardableTensor,
+    ShardByTaskPolicy,
+    policy_description,
+    validate_shards,
+)
+from trackpoint.saving.snapshot import SaveSnapshot, as_array
+from trackpoint.storage import Storage, storage_for
+
+__all__ = ["MultiDeviceSaver", "ProgressEvent", "local_name"]
+
+logger = logging.getLogger(__name__)
+
+_ATTRIBUTES = "/.ATTRIBUTES/"
+_DEFAULT_MAX_IO_THREADS = 4
+
+
+def local_name(checkpoint_key: str) -> str:
+    """The attribute name in ``checkpoint_key``: the part after ``/.ATTRIBUTES/``.
+
+    A key without that segment (TF1 name-based keys) is returned whole. Searching for the
+    leading ``/`` too keeps an escaped child named ``.ATTRIBUTES`` (``..ATTRIBUTES``) from
+    matching, which TF's own ``extract_local_name`` gets wrong.
+    """
+    index = checkpoint_key.find(_ATTRIBUTES)
+    return checkpoint_key if index < 0 else checkpoint_key[index + len(_ATTRIBUTES) :]
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """Progress of a save, passed to ``CheckpointOptions.progress``."""
+
+    prefix: str
+    """The checkpoint being written."""
+    phase: str
+    """``"write"`` after each shard is written, ``"commit"`` once the checkpoint exists."""
+    shards_done: int
+    num_shards: int
+    bytes_done: int
+    """Payload bytes of the shards written so far (strings: their byte lengths)."""
+    bytes_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One value the saver knows about (before evaluation)."""
+
+    checkpoint_key: str
+    slice_spec: str
+    value: Any
+    device: str | None
+    trackable: Any
+
+
+class MultiDeviceSaver:
+    """Saves values from several devices into one checkpoint and restores them.
+
+    Args:
+        serialized_tensors: ``{trackable: {checkpoint_key: {slice_spec: value}}}`` (a value
+            directly under the key means slice spec ``""``). A value is a numpy array, a
+            zero-argument callable returning one (evaluated exactly once per save), ``None``
+            (recorded in the object graph only, never written), or a ``DeviceValue`` giving one
+            of those together with its device. The trackable's ``_restore_from_tensors``
+            receives the values on restore; a ``None`` trackable is never restored.
+        registered_savers: ``{saver_name: {object_path: trackable}}`` for objects handled by a
+            registered saver (:func:`trackpoint.saving.register_checkpoint_saver`).
+
+    Raises:
+        InvalidArgumentError: two values share a checkpoint key and slice spec, or a slice spec
+            or device is malformed.
+
+    Example::
+
+        saver = MultiDeviceSaver({holder: {"w/.ATTRIBUTES/VARIABLE_VALUE": {"": weights}}})
+        saver.save("/tmp/ckpt")
+        saver.restore("/tmp/ckpt")   # calls holder._restore_from_tensors({"VARIABLE_VALUE": …})
+    """
+
+    def __init__(
+        self,
+        serialized_tensors: Mapping[Any, Mapping[str, Any]],
+        registered_savers: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self._entries_by_task: dict[str, list[_Entry]] = {}
+        owners: dict[tuple[str, str], Any] = {}
+        for trackable, tensor_dict in _items(serialized_tensors):
+            for key, slices in _items(tensor_dict):
+                if not isinstance(key, str) or not key:
+                    raise InvalidArgumentError(
+                        f"checkpoint keys must be non-empty str, got {key!r} from {trackable!r}"
+                    )
+                if not isinstance(slices, Mapping):
+                    slices = {"": slices}
+                for raw_spec, raw_value in slices.items():
+                    spec = _check_spec(raw_spec, key)
+                    if (key, spec) in owners:
+                        raise InvalidArgumentError(
+                            f"checkpoint key {key!r} with slice spec {spec!r} is produced twice, "
+                            f"by {owners[(key, spec)]!r} and by {trackable!r}; one would "
+                            "overwrite the other in the checkpoint. Give the objects distinct "
+                            "names.",
+                            key=key,
+                        )
+                    owners[(key, spec)] = trackable
+                    value, device = raw_value, None
+                    if isinstance(raw_value, DeviceValue):
+                        value, device = raw_value.value, raw_value.device
+                    entry = _Entry(key, spec, value, device, trackable)
+                    self._entries_by_task.setdefault(task_of(device), []).append(entry)
+        self._registered_savers = {
+            name: dict(objects) for name, objects in (registered_savers or {}).items()
+        }
+
+    @property
+    def tasks(self) -> list[str]:
+        """The tasks of the values, in first-seen order (``""`` is this process)."""
+        return list(self._entries_by_task)
+
+    # -- save ------------------------------------------------------------------------------
+    def snapshot(self) -> SaveSnapshot:
+        """Evaluate every value once: callables are called, ``None`` values dropped.
+
+        The arrays are not copied; see :meth:`SaveSnapshot.copy`.
+        """
+        tensors_by_task: dict[str, list[ShardableTensor]] = {}
+        for task, entries in self._entries_by_task.items():
+            tensors = tensors_by_task.setdefault(task, [])
+            for entry in entries:
+                value = entry.value() if callable(entry.value) else entry.value
+                if value is None:
+                    continue
+                array = as_array(value, entry.checkpoint_key)
+                tensors.append(
+                    ShardableTensor(
+                        tensor=array,
+                        dtype=array.dtype,
+                        device=entry.device,
+                        name=entry.checkpoint_key,
+                        shape=tuple(array.shape),
+                        slice_spec=entry.slice_spec,
+                        checkpoint_key=entry.checkpoint_key,
+                        trackable=entry.trackable,
+                    )
+                )
+        return SaveSnapshot(tensors_by_task)
+
+    def save(
+        self,
+        prefix: PathLike,
+        options: CheckpointOptions | None = None,
+        *,
+        storage: Storage | None = None,
+    ) -> str:
+        """Write every value to the checkpoint ``prefix``, atomically.
+
+        The values are evaluated (callables called once), registered savers write their files,
+        then the values are sharded per task by ``options.sharding_policy``, written
+        concurrently (``options.num_io_threads``, default ``min(4, shards)``) and merged into
+        ``prefix.index`` + ``prefix.data-*``. The checkpoint
+        appears at once, when its index is renamed into place; on failure nothing of this save
+        remains and an earlier checkpoint at another prefix is untouched. Write callbacks run
+        last. Blocks until done.
+
+        Args:
+            prefix: the checkpoint prefix (local path or URL).
+            options: settings; ``CheckpointOptions()`` when None.
+            storage: the byte backend; by default chosen from ``prefix``.
+
+        Returns:
+            ``prefix`` as a str.
+
+        Raises:
+            InvalidArgumentError: a value cannot be stored, or the sharding policy altered the
+                values (names the key).
+            CheckpointError: writing failed (the save is rolled back).
+        """
+        return self.save_snapshot(self.snapshot(), prefix, options, storage=storage)
+
+    def save_snapshot(
+        self,
+        snapshot: SaveSnapshot,
+        prefix: PathLike,
+        options: CheckpointOptions | None = None,
+        *,
+        storage: Storage | None = None,
+    ) -> str:
+        """Like :meth:`save` for values evaluated earlier by :meth:`snapshot` (async saves)."""
+        options = options or CheckpointOptions()
+        prefix_str = fspath(prefix)
+        storage = storage or storage_for(prefix_str, fsync=options.fsync)
+        commit = AtomicCommit(storage, prefix_str)
+        try:
+            commit.prepare()
+            # Registered savers run before the default shards are written (TF's API contract).
+            commit.add_foreign_prefixes(self._run_registered_save_fns(prefix_str))
+            self._write(snapshot, commit, options)
+        except BaseException:
+            commit.abort()
+            raise
+        options.run_write_callbacks(prefix_str)
+        return prefix_str
+
+    def _run_registered_save_fns(self, prefix: str) -> list[str]:
+        written: list[str] = []
+        for name, objects in self._registered_savers.items():
+            saver = get_registered_saver(name)
+            result = saver.save_fn(dict(objects), f"{prefix}-{name}")
+            if result is None:
+                continue
+            if isinstance(result, (str, os.PathLike)):
+                result = [result]
+            try:
+                written.extend(fspath(p) for p in result)
+            except TypeError as exc:
+                raise InvalidArgumentError(
+                    f"registered saver {name!r} returned {result!r}; a save_fn returns None or "
+                    "the prefix(es) of bundles it wrote, to be merged into the checkpoint"
+                ) from exc
+        return written
+
+    def _shard(
+        self, snapshot: SaveSnapshot, options: CheckpointOptions
+    ) -> list[tuple[str, Shard]]:
+        policy: Callable[[Sequence[ShardableTensor]], Iterable[Shard]] = (
+            options.sharding_policy or ShardByTaskPolicy()
+        )
+        shards_by_task = {
+            task: list(policy(tensors)) for task, tensors in snapshot.tensors_by_task.items()
+        }
+        if not isinstance(policy, (ShardByTaskPolicy, MaxShardSizePolicy)):
+            every = [st for tensors in snapshot.tensors_by_task.values() for st in tensors]
+            validate_shards(shards_by_task, every, policy_description(policy))
+        flat = [(task, shard) for task, shards in shards_by_task.items() for shard in shards]
+        return [(task, shard) for task, shard in flat if shard]
+
+    def _write(
+        self,
+        snapshot: SaveSnapshot,
+        commit: AtomicCommit,
+        options: CheckpointOptions,
+    ) -> None:
+        shards = self._shard(snapshot, options)
+        if not shards:
+            # Nothing to write: still produce a valid (empty) checkpoint, one empty data file.
+            shards = [(LOCAL_TASK, {})]
+        num_shards = len(shards)
+        prefixes = [commit.shard_prefix(i, num_shards) for i in range(num_shards)]
+        sizes = [payload_bytes(shard) for _, shard in shards]
+        workers = options.num_io_threads or min(_DEFAULT_MAX_IO_THREADS, num_shards)
+        jobs = [(path, shard, commit.storage) for path, (_, shard) in zip(prefixes, shards)]
+        done_bytes = 0
+        for count, index in enumerate(write_shards(jobs, workers), start=1):
+            done_bytes += sizes[index]
+            self._progress(
+                options, commit.prefix, "write", count, num_shards, done_bytes, sum(sizes)
+            )
+        commit.commit([*commit.foreign_prefixes, *prefixes])
+        logger.info("Saved checkpoint %s (%d shards, %d bytes)", commit.prefix, num_shards,
+                    sum(sizes))
+        self._progress(
+            options, commit.prefix, "commit", num_shards, num_shards, sum(sizes), sum(sizes)
+        )
+
+    @staticmethod
+    def _progress(options: CheckpointOptions, prefix: str, phase: str, *counts: int) -> None:
+        if options.progress is not None:
+            options.progress(ProgressEvent(prefix, phase, *counts))
+
+    # -- restore ---------------------------------------------------------------------------
+    def restore(
+        self,
+        prefix: PathLike,
+        options: CheckpointOptions | None = None,
+        *,
+        storage: Storage | None = None,
+    ) -> None:
+        """Read every value's key from ``prefix`` and hand them to their trackables.
+
+        Values are read task by task. A trackable's ``_restore_from_tensors(tensors)`` is
+        called once all of its keys have been read, with ``tensors`` mapping each local name
+        (the part of the key after ``/.ATTRIBUTES/``) to an array, or, for a value registered
+        under a non-empty slice spec, to ``{slice_spec: array}`` holding that sub-box. Arrays
+        may be read-only zero-copy views of the file: copy from them during the call and do not
+        keep them, they are valid only until it returns. Registered savers' ``restore_fn`` s
+        run afterwards.
+
+        Raises:
+            NotFoundError: the checkpoint or a key is missing.
+            DataLossError: the files are damaged.
+            InvalidArgumentError: a requested slice does not fit the stored tensor, or a
+                registered saver's strict predicate rejects an object.
+        """
+        del options  # accepted for symmetry with save(); nothing to configure yet
+        prefix_str = fspath(prefix)
+        storage = storage or storage_for(prefix_str)
+        with BundleReader(prefix_str, storage=storage) as reader:
+            remaining: dict[int, int] = {}
+            for entries in self._entries_by_task.values():
+                for entry in entries:
+                    if entry.trackable is not None:
+                        remaining[id(entry.trackable)] = remaining.get(id(entry.trackable), 0) + 1
+            inputs: dict[int, dict[str, Any]] = {}
+            for entries in self._entries_by_task.values():
+                for entry in entries:
+                    if entry.trackable is None:
+                        continue
+                    value = _read(reader, entry)
+                    tensors = inputs.setdefault(id(entry.trackable), {})
+                    name = local_name(entry.checkpoint_key)
+                    if entry.slice_spec:
+                        tensors.setdefault(name, {})[entry.slice_spec] = value
+                    else:
+                        tensors[name] = value
+                    remaining[id(entry.trackable)] -= 1
+                    if remaining[id(entry.trackable)] == 0:
+                        entry.trackable._restore_from_tensors(inputs.pop(id(entry.trackable)))
+        self._run_registered_restore_fns(prefix_str)
+
+    def _run_registered_restore_fns(self, prefix: str) -> None:
+        for name, objects in self._registered_savers.items():
+            try:
+                saver = get_registered_saver(name)
+            except NotFoundError:
+                # TF skips an unknown saver on restore (its strictness cannot be known).
+                logger.warning(
+                    "Checkpoint %s was written with registered saver %r, which is not "
+                    "registered now; its objects are not restored", prefix, name,
+                )
+                continue
+            selected = objects_to_restore(name, objects)
+            if selected:
+                saver.restore_fn(selected, prefix)
+
+
+def _items(mapping: Any) -> Iterable[tuple[Any, Any]]:
+    if isinstance(mapping, Mapping) or hasattr(mapping, "items"):
+        return list(mapping.items())
+    raise InvalidArgumentError(
+        f"expected a mapping, got {type(mapping).__name__}: serialized_tensors is "
+        "{trackable: {checkpoint_key: {slice_spec: value}}}"
+    )
+
+
+def _check_spec(spec: Any, key: str) -> str:
+    if not isinstance(spec, str):
+        raise InvalidArgumentError(
+            f"slice spec of checkpoint key {key!r} must be a str, got {type(spec).__name__}",
+            key=key,
+        )
+    spec = spec.strip()
+    if spec:
+        try:
+            parse_slice_spec(spec)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(
+                f"slice spec {spec!r} of checkpoint key {key!r} is malformed ({exc}); expected "
+                "'<full shape> <offset>,<length>:...' such as '4 6 0,4:0,2'",
+                key=key,
+            ) from exc
+    return spec
+
+
+def _read(reader: BundleReader, entry: _Entry) -> np.ndarray:
+    key = entry.checkpoint_key
+    if not entry.slice_spec:
+        return reader.read(key, copy=False)
+    parsed = parse_slice_spec(entry.slice_spec)
+    assert parsed is not None
+    full_shape, tensor_slice = parsed
+    stored = reader.shape(key)
+    if tuple(stored) != tuple(full_shape):
+        raise InvalidArgumentError(
+            f"slice spec {entry.slice_spec!r} of checkpoint key {key!r} is for a tensor of shape "
+            f"{list(full_shape)}, but the checkpoint holds shape {list(stored)}",
+            key=key,
+        )
+    return reader.read_slice(key, tensor_slice)
