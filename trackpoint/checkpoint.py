@@ -1,0 +1,330 @@
+"""`Checkpoint`: save and restore an object graph as a TensorFlow V2 checkpoint.
+
+``write``/``read`` use an exact prefix; ``save``/``restore`` number checkpoints with the lazily
+created ``save_counter`` (``<prefix>-<n>``) and keep the directory's ``checkpoint`` state file
+current (semantics §2, D1–D3). Values flow through :mod:`trackpoint.graph` (names, keys, the
+object graph) and :class:`~trackpoint.saving.MultiDeviceSaver` (files); restoring is the
+coordinator's job (:mod:`trackpoint.restore`), which returns a load status
+(:mod:`trackpoint.load_status`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import posixpath
+import weakref
+from typing import Any
+
+import numpy as np
+
+from trackpoint._types import PathLike, fspath
+from trackpoint.bundle.checkpoint_reader import CheckpointReader
+from trackpoint.errors import InvalidArgumentError, NotFoundError
+from trackpoint.graph import OBJECT_GRAPH_PROTO_KEY, ObjectGraphView, serialize_graph
+from trackpoint.load_status import CheckpointLoadStatus, InitializationOnlyStatus, LoadStatus
+from trackpoint.restore import CheckpointPosition, RestoreCoordinator
+from trackpoint.saving import (
+    AsyncWriter,
+    CheckpointOptions,
+    MultiDeviceSaver,
+    get_registered_saver_name,
+)
+from trackpoint.state_file import checkpoint_exists, latest_checkpoint, write_checkpoint_state
+from trackpoint.tracking.adapters import to_trackable
+from trackpoint.tracking.autotrackable import AutoTrackable
+from trackpoint.tracking.base import Trackable, TrackableReference
+from trackpoint.tracking.variable import Variable
+
+__all__ = ["Checkpoint"]
+
+_SAVE_COUNTER = "save_counter"
+
+
+def _as_trackable(value: Any, name: str) -> Trackable:
+    """``value`` (or its adapter) as a Trackable; a clear error naming the argument otherwise."""
+    trackable = to_trackable(value)
+    if trackable is None:
+        raise InvalidArgumentError(
+            f"Checkpoint was expecting {name} to be a trackable object (a tp.Trackable, a numpy "
+            "array or another type with a registered adapter, or a list/dict/tuple of them), "
+            f"got {value!r} of type {type(value).__name__}. Wrap plain Python values in "
+            "tp.Variable or a tp.PythonState."
+        )
+    return trackable
+
+
+def _options(options: CheckpointOptions | None) -> CheckpointOptions:
+    if options is None:
+        return CheckpointOptions()
+    if not isinstance(options, CheckpointOptions):
+        raise InvalidArgumentError(
+            f"options must be a tp.CheckpointOptions, got {type(options).__name__}"
+        )
+    return options
+
+
+def _dirname(prefix: str) -> str:
+    if "://" in prefix:
+        return posixpath.dirname(prefix)
+    return os.path.dirname(prefix) or "."
+
+
+def _resolve_prefix(path: str) -> str:
+    """``path`` itself if it is a checkpoint, else the latest checkpoint of directory ``path``.
+
+    Raises:
+        NotFoundError: neither, with a hint at the ``-N`` suffix ``save()`` appends.
+    """
+    if checkpoint_exists(path):
+        return path
+    latest = latest_checkpoint(path)
+    if latest is not None:
+        return latest
+    raise NotFoundError(
+        f"Failed to restore from checkpoint {path}: {path}.index does not exist, and {path} is "
+        "not a directory whose 'checkpoint' state file names a checkpoint. Please double-check "
+        "that the path is correct. You may be missing the checkpoint suffix (e.g. the '-1' in "
+        "'path/to/ckpt-1'): save() returns the full prefix, and tp.latest_checkpoint(directory) "
+        "finds the newest one.",
+        path=path,
+    )
+
+
+class Checkpoint(AutoTrackable):
+    """Groups trackable objects and saves/restores them as one TensorFlow V2 checkpoint.
+
+    Args:
+        root: the object whose graph is saved (its children keep their names); may be a
+            ``weakref.ref``, in which case the Checkpoint does not keep it alive. Without a
+            root, the Checkpoint itself is the root and the keyword arguments its children.
+        **children: named objects saved under their keyword: trackables, numpy arrays (or
+            other adapted types), and lists/dicts/tuples of them. With a root they are attached
+            to the root's node (sorted by name) without becoming the root's own children.
+
+    Raises:
+        InvalidArgumentError: an argument is not trackable (names it and its type), or
+            ``root.<name>`` already exists and is a different object than ``<name>=``.
+
+    Example:
+        >>> import numpy as np, trackpoint as tp
+        >>> weights = np.zeros(3)
+        >>> ckpt = tp.Checkpoint(weights=weights, step=tp.Variable(0))
+        >>> path = ckpt.save("/tmp/trackpoint-doc/ckpt")      # ".../ckpt-1"
+        >>> weights[:] = 5.0
+        >>> ckpt.restore(path).assert_consumed()              # weights is zeros again, in place
+    """
+
+    def __init__(self, root: Any = None, **children: Any) -> None:
+        object.__setattr__(self, "_self_save_counter", None)
+        object.__setattr__(self, "_self_async", None)
+        attached: list[TrackableReference] | None = None
+        trackable_root: Trackable | None = None
+        if root is not None:
+            strong_root = root() if isinstance(root, weakref.ref) else root
+            trackable_root = _as_trackable(strong_root, "root")
+            attached = []
+            children["root"] = root
+            existing_counter = trackable_root._lookup_dependency(_SAVE_COUNTER)
+            if isinstance(existing_counter, Variable):
+                object.__setattr__(self, "_self_save_counter", existing_counter)
+        for name, value in sorted(children.items()):
+            setattr(self, name, value)
+            stored = getattr(self, name)
+            if isinstance(stored, weakref.ref):
+                stored = stored()
+            child = _as_trackable(stored, name)
+            if trackable_root is None:
+                continue
+            assert attached is not None
+            existing = trackable_root._lookup_dependency(name)
+            if existing is None:
+                # The root's self-edge is held weakly so a weakref root can be collected.
+                ref: Any = weakref.ref(child) if child is trackable_root else child
+                attached.append(TrackableReference(name, ref))
+            elif existing is not child:
+                raise InvalidArgumentError(
+                    f"Cannot create a Checkpoint with keyword argument {name} if root.{name} "
+                    "already exists (and is a different object)."
+                )
+        if trackable_root is None:
+            view = ObjectGraphView(self)
+        else:
+            view_root: Any = (
+                weakref.ref(trackable_root) if isinstance(root, weakref.ref) else trackable_root
+            )
+            view = ObjectGraphView(view_root, attached)
+        object.__setattr__(self, "_self_view", view)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Checkpoint:
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            if name == "_self_async":
+                object.__setattr__(copied, name, None)  # threads are not copied
+            else:
+                object.__setattr__(copied, name, copy.deepcopy(value, memo))
+        return copied
+
+    # -- save counter ------------------------------------------------------------------------
+
+    @property
+    def save_counter(self) -> Variable:
+        """The int64 variable numbering ``save()``s: 0 before the first, then 1, 2, …
+
+        Created on first use (here, or by ``save``/``restore``); restoring a checkpoint sets it
+        to the saved number at once.
+        """
+        self._maybe_create_save_counter()
+        return self._self_save_counter  # type: ignore[no-any-return]
+
+    def _maybe_create_save_counter(self) -> None:
+        if self._self_save_counter is not None:
+            return
+        view: ObjectGraphView = self._self_view
+        if view.root is self:
+            counter = self._add_variable(_SAVE_COUNTER, 0, dtype=np.int64)
+        else:
+            root = view.root
+            spec = root._preload_spec(_SAVE_COUNTER)
+            shape = spec[0] if spec is not None else ()
+            counter = Variable(np.zeros(shape, dtype=np.int64), name=_SAVE_COUNTER)
+            view.attached_dependencies.append(TrackableReference(_SAVE_COUNTER, counter))
+            pending = root._deferred_dependencies.pop(_SAVE_COUNTER, ())
+            for position in sorted(pending, key=lambda p: p.restore_uid, reverse=True):
+                position.restore(counter)
+        object.__setattr__(self, "_self_save_counter", counter)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def write(self, prefix: PathLike, options: CheckpointOptions | None = None) -> str:
+        """Write a checkpoint at exactly ``prefix``; no counter, no state file.
+
+        Atomic: ``prefix`` appears complete or not at all (an earlier checkpoint there is
+        replaced only when the new one is complete). Missing parent directories are created.
+        With ``options.enable_async`` the values are snapshotted now and written in the
+        background (see :meth:`sync`). Write callbacks run after the commit.
+
+        Returns:
+            ``prefix`` as a str.
+
+        Raises:
+            InvalidArgumentError: a value cannot be saved (names the key), or a tracked list
+                or dict was mutated so that it cannot be restored reliably ("Unable to save").
+            NotImplementedError: a ``NotTrackable`` object is reachable.
+            CheckpointError: writing failed; nothing was committed.
+        """
+        return self._write(fspath(prefix), _options(options))
+
+    def _write(self, prefix: str, options: CheckpointOptions) -> str:
+        graph = serialize_graph(self._self_view, registered_saver_for=get_registered_saver_name)
+        saver = MultiDeviceSaver(graph.tensors, graph.registered_savers)
+        async_writer: AsyncWriter | None = self._self_async
+        if options.enable_async:
+            if async_writer is None:
+                async_writer = AsyncWriter()
+                object.__setattr__(self, "_self_async", async_writer)
+            # Snapshot now, write in the background; a failed earlier write is raised here.
+            return async_writer.save(saver, prefix, options)
+        if async_writer is not None:
+            async_writer.sync()  # keep saves in order: a sync save after async ones waits
+        return saver.save(prefix, options)
+
+    def save(self, prefix: PathLike, options: CheckpointOptions | None = None) -> str:
+        """Increment ``save_counter`` and write ``<prefix>-<counter>``; update the state file.
+
+        After the checkpoint is committed, ``<dir>/checkpoint`` names it as the latest (after
+        the user's write callbacks). Nothing is deleted: use ``tp.CheckpointManager`` to keep
+        only recent checkpoints.
+
+        Returns:
+            The checkpoint's prefix, e.g. ``"/tmp/ckpt-3"``.
+
+        Raises:
+            Same as :meth:`write`.
+        """
+        options = _options(options)
+        prefix_str = fspath(prefix)
+        counter = self.save_counter
+        number = int(counter.numpy()) + 1
+        counter.assign(number)
+        path = f"{prefix_str}-{number}"
+
+        def update_state_file() -> None:
+            write_checkpoint_state(_dirname(path), path, [path])
+
+        options = dataclasses.replace(
+            options, write_callbacks=(*options.write_callbacks, update_state_file)
+        )
+        return self._write(path, options)
+
+    def sync(self) -> None:
+        """Wait until every background (async) write of this Checkpoint is complete.
+
+        Raises:
+            CheckpointError: a background write failed.
+        """
+        async_writer: AsyncWriter | None = self._self_async
+        if async_writer is not None:
+            async_writer.sync()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read(self, path: PathLike, options: CheckpointOptions | None = None) -> LoadStatus:
+        """Restore from the checkpoint ``path`` without creating ``save_counter``.
+
+        Objects that exist get their values now, copied into their own arrays; values for
+        objects that do not exist yet are applied when they are attached. ``path`` may be a
+        directory, meaning its latest checkpoint. Waits for this Checkpoint's pending writes.
+
+        Returns:
+            A load status (``assert_consumed()`` … ``expect_partial()``).
+
+        Raises:
+            NotFoundError: no checkpoint at ``path`` (with a hint at the ``-N`` suffix).
+            InvalidArgumentError: a saved value does not fit its object (shape, dtype; names
+                the checkpoint key) — that object keeps its value — or the checkpoint has no
+                object graph.
+            DataLossError: the files are damaged.
+        """
+        options = _options(options)
+        self.sync()
+        prefix = _resolve_prefix(fspath(path))
+        with CheckpointReader(prefix) as reader:
+            proto = reader.object_graph()
+            shapes = {k: tuple(v) for k, v in reader.get_variable_to_shape_map().items()}
+            dtypes = reader.get_variable_to_dtype_map()
+        if proto is None or not proto.nodes:
+            raise InvalidArgumentError(
+                f"the checkpoint {prefix} has no object graph ({OBJECT_GRAPH_PROTO_KEY}): it "
+                "was written by a name-based saver. Read its values by key with "
+                "tp.load_checkpoint() instead.",
+                path=prefix,
+            )
+        coordinator = RestoreCoordinator(proto, prefix, options, shapes, dtypes)
+        view: ObjectGraphView = self._self_view
+        root = view.root
+        children = {ref.name: ref.ref for ref in view.list_children(root)}
+        CheckpointPosition(coordinator, 0).restore(root, children)
+        return CheckpointLoadStatus(coordinator, view, options)
+
+    def restore(
+        self, path: PathLike | None, options: CheckpointOptions | None = None
+    ) -> LoadStatus:
+        """Like :meth:`read`, then create ``save_counter`` (restored if the checkpoint has one).
+
+        ``restore(None)`` restores nothing and returns a status whose assertions fail (what
+        ``restore(tp.latest_checkpoint(d))`` gives in a fresh directory). Restoring a
+        ``write()`` checkpoint (no ``save_counter`` in it) creates the counter at 0; the
+        status's assertions do not count it as unmatched (TF's do; semantics D2).
+
+        Raises:
+            Same as :meth:`read`.
+        """
+        if path is None:
+            self._maybe_create_save_counter()
+            return InitializationOnlyStatus()
+        status = self.read(path, options)
+        self._maybe_create_save_counter()
+        return status

@@ -1,0 +1,216 @@
+"""Load statuses: what ``Checkpoint.read``/``restore`` return, and their assertions.
+
+The assertions are TensorFlow's contract (semantics §2, C1–C5) and raise ``AssertionError``
+with TF's message fragments, since users catch exactly that:
+
+* ``assert_existing_objects_matched()``: every bound node got values from this restore (or a
+  newer one) — "not assigned a value from checkpoint" — and every reachable object that owns
+  values is bound — "not bound to checkpointed values".
+* ``assert_consumed()``: that, plus every checkpoint node with values matched ("Unresolved
+  object in checkpoint"), no slot restorations pending, and no "Unused attributes".
+* ``assert_nontrivial_match()``: something besides the root matched ("Nothing except the root
+  object matched a checkpointed value").
+* ``expect_partial()``: silence the warning logged when a partial restore is dropped (C4).
+
+Bookkeeping: the Checkpoint's own ``save_counter`` is not required to be bound when the
+checkpoint has none (a ``write()`` checkpoint read with ``restore()``, semantics D2): it is the
+Checkpoint's numbering, not the program's state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trackpoint.graph import ObjectGraphView, list_objects, node_names, readable_path
+from trackpoint.tracking.base import Trackable, has_values
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from trackpoint.restore import RestoreCoordinator
+    from trackpoint.saving import CheckpointOptions
+
+__all__ = ["CheckpointLoadStatus", "InitializationOnlyStatus", "LoadStatus"]
+
+_SHOW_AT_MOST = 10
+
+
+class LoadStatus:
+    """The result of ``read``/``restore``: assertions about how the checkpoint matched.
+
+    Every method returns the status, so calls chain:
+    ``ckpt.restore(path).assert_existing_objects_matched().expect_partial()``.
+    """
+
+    def assert_consumed(self) -> Self:
+        """Every checkpoint value and every object matched; no deferred values remain."""
+        raise NotImplementedError
+
+    def assert_existing_objects_matched(self) -> Self:
+        """Every existing object that owns values got them from this checkpoint."""
+        raise NotImplementedError
+
+    def assert_nontrivial_match(self) -> Self:
+        """Something besides the root object matched a checkpoint value."""
+        raise NotImplementedError
+
+    def expect_partial(self) -> Self:
+        """Do not warn about checkpoint values left unrestored when this status is dropped."""
+        return self
+
+    def initialize_or_restore(self) -> None:
+        """TensorFlow-compatibility no-op: values are initialized at creation and restored
+        eagerly, so there is nothing left to run (semantics C5)."""
+        return None
+
+
+class InitializationOnlyStatus(LoadStatus):
+    """Returned by ``restore(None)``: nothing is restored; every assertion fails."""
+
+    _MESSAGE = "No checkpoint specified (save_path=None); nothing is being restored."
+
+    def assert_consumed(self) -> Self:
+        raise AssertionError(self._MESSAGE)
+
+    def assert_existing_objects_matched(self) -> Self:
+        raise AssertionError(self._MESSAGE)
+
+    def assert_nontrivial_match(self) -> Self:
+        raise AssertionError(self._MESSAGE)
+
+
+class CheckpointLoadStatus(LoadStatus):
+    """Status of an object-based restore (``Checkpoint.read``/``restore``).
+
+    Holds the root (strongly: assertions must see the objects even if the Checkpoint was
+    dropped) and the coordinator, which keeps matching objects attached later.
+    """
+
+    def __init__(
+        self, coordinator: RestoreCoordinator, view: ObjectGraphView, options: CheckpointOptions
+    ) -> None:
+        self._coordinator = coordinator
+        self._view = view
+        self._root = view.root
+        self._options = options
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _bookkeeping_objects(self) -> set[int]:
+        """ids of objects exempt from "not bound": the Checkpoint's own save_counter if the
+        checkpoint has none."""
+        proto = self._coordinator.proto
+        saved = {child.local_name for child in proto.nodes[0].children} if proto.nodes else set()
+        if "save_counter" in saved:
+            return set()
+        return {
+            id(ref.ref) for ref in self._view.list_children(self._view.root)
+            if ref.name == "save_counter"
+        }
+
+    def _unbound_objects(self) -> list[Trackable]:
+        coordinator = self._coordinator
+        objects = list_objects(self._view, skip_slot_variables=self._options.skip_slot_variables)
+        for obj in objects:
+            coordinator.all_python_objects.add(obj)
+        bound = {id(obj) for obj in coordinator.object_by_proto_id.values()}
+        exempt = self._bookkeeping_objects()
+        seen: set[int] = set()
+        unbound = []
+        for obj in coordinator.all_python_objects:
+            if id(obj) in seen or id(obj) in bound or id(obj) in exempt:
+                continue
+            seen.add(id(obj))
+            if has_values(obj) and obj._serialize_to_tensors():
+                unbound.append(obj)
+        return unbound
+
+    def _describe(self, objects: list[Trackable]) -> list[str]:
+        _, paths = self._view.breadth_first_traversal()
+        return [
+            f"{readable_path(paths[id(obj)]) if id(obj) in paths else '<not reachable>'} "
+            f"({obj!r})"
+            for obj in objects
+        ]
+
+    # -- assertions --------------------------------------------------------------------------
+
+    def assert_consumed(self) -> Self:
+        # docstring inherited
+        self.assert_existing_objects_matched()
+        coordinator = self._coordinator
+        names = node_names(coordinator.proto)
+        skip_slots = self._options.skip_slot_variables
+        for node_id, node in enumerate(coordinator.proto.nodes):
+            if not node.attributes and not node.HasField("registered_saver"):
+                continue
+            if skip_slots and node_id in coordinator.slot_node_ids:
+                continue
+            if coordinator.object_by_proto_id.get(node_id) is None:
+                raise AssertionError(
+                    f"Unresolved object in checkpoint {names[node_id]}: the checkpoint "
+                    f"{coordinator.prefix} has values for it, but no Python object was matched "
+                    f"(create and attach it, or call expect_partial()). Node: {node}"
+                )
+        if not skip_slots and any(coordinator.slot_restorations.values()):
+            pending = [
+                f"{names[var_id]}: {[s.slot_name for s in slots]}"
+                for var_id, slots in coordinator.slot_restorations.items() if slots
+            ]
+            raise AssertionError(f"Unresolved slot restorations: {pending}")
+        if coordinator.unused_attributes:
+            lines = []
+            for node_id, attributes in coordinator.unused_attributes.items():
+                obj = coordinator.object_by_proto_id.get(node_id)
+                lines.append(f"{names[node_id]} ({obj!r}): {attributes}")
+            raise AssertionError(
+                "Unused attributes in these objects (the attributes exist in the checkpoint but "
+                "were not restored):\n" + "\n".join(lines)
+            )
+        return self
+
+    def assert_existing_objects_matched(self) -> Self:
+        # docstring inherited
+        coordinator = self._coordinator
+        names = node_names(coordinator.proto)
+        for node_id in range(len(coordinator.proto.nodes)):
+            trackable = coordinator.object_by_proto_id.get(node_id)
+            if trackable is not None and trackable._update_uid < coordinator.restore_uid:
+                raise AssertionError(
+                    f"Object {names[node_id]} ({trackable!r}) not assigned a value from "
+                    f"checkpoint {coordinator.prefix}: the checkpoint node has no value this "
+                    f"object accepts. Node: {coordinator.proto.nodes[node_id]}"
+                )
+        unbound = self._unbound_objects()
+        if unbound:
+            shown = min(_SHOW_AT_MOST, len(unbound))
+            raise AssertionError(
+                f"Found {len(unbound)} Python objects that were not bound to checkpointed "
+                "values, likely due to changes in the Python program. Showing "
+                f"{shown} of {len(unbound)} unmatched objects: "
+                f"{self._describe(unbound[:shown])}"
+            )
+        return self
+
+    def assert_nontrivial_match(self) -> Self:
+        # docstring inherited
+        coordinator = self._coordinator
+        if len(coordinator.object_by_proto_id) <= 1:
+            unbound = self._unbound_objects()
+            if unbound:
+                raise AssertionError(
+                    "Nothing except the root object matched a checkpointed value. Typically "
+                    "this means that the checkpoint does not match the Python program. The "
+                    "following objects have no matching checkpointed value: "
+                    f"{self._describe(unbound)}"
+                )
+            raise AssertionError(
+                "Nothing except the root object matched a checkpointed value: nothing to load. "
+                f"No dependencies have been added to {self._view.root!r} yet."
+            )
+        return self
+
+    def expect_partial(self) -> Self:
+        # docstring inherited
+        self._coordinator.expect_partial = True
+        return self

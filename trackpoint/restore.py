@@ -1,0 +1,453 @@
+"""The restore coordinator: matching checkpoint nodes to live objects, now or when they appear.
+
+One :class:`RestoreCoordinator` per ``read``/``restore`` call. From node 0 and the root object
+it walks the saved graph breadth first and binds each node to the live object reached by the
+same local names (:class:`CheckpointPosition`). Bound objects get their values at once, in one
+batched read per walk through :class:`~trackpoint.saving.MultiDeviceSaver`; a node whose object
+does not exist yet waits in its parent's ``_deferred_dependencies`` and is restored when the
+object is attached (deferred restoration, semantics B1/B2). Optimizer slots wait for both their
+variable and their optimizer (F2).
+
+Each object records the uid of the restore that last gave it values; an older restore reaching
+it later leaves it alone, so the most recently *requested* restore wins (B4).
+
+The coordinator holds objects weakly and nothing holds the coordinator but its status and the
+pending positions, so dropping them frees it; a ``weakref.finalize`` hook then logs the values
+that were never restored (C4) unless ``expect_partial()`` was called.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
+from trackpoint.errors import InvalidArgumentError
+from trackpoint.graph import escape_local_name, node_names
+from trackpoint.saving import CheckpointOptions, MultiDeviceSaver, local_name
+from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, has_values, next_restore_uid
+from trackpoint.tracking.slots import SlotOwner
+
+__all__ = ["CheckpointPosition", "IdentityWeakSet", "RestoreCoordinator"]
+
+logger = logging.getLogger("trackpoint.checkpoint")
+
+
+class IdentityWeakSet:
+    """A set of objects by identity, holding them weakly (trackables may be unhashable)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[Any]] = {}
+
+    def add(self, obj: Any) -> None:
+        key = id(obj)
+        if key in self._refs and self._refs[key]() is obj:
+            return
+        refs = self._refs
+        self._refs[key] = weakref.ref(obj, lambda _, k=key: refs.pop(k, None))
+
+    def __iter__(self) -> Iterator[Any]:
+        for ref in list(self._refs.values()):
+            obj = ref()
+            if obj is not None:
+                yield obj
+
+
+class _SlotRestoration(NamedTuple):
+    optimizer_id: int
+    slot_variable_id: int
+    slot_name: str
+
+
+class _DeferredSlotRestoration(NamedTuple):
+    original_variable: weakref.ref[Trackable]
+    slot_variable_id: int
+    slot_name: str
+
+
+@dataclass(slots=True)
+class _WarningState:
+    """What the C4 warning needs, kept apart from the coordinator so the finalizer can hold it."""
+
+    proto: TrackableObjectGraph
+    matched_proto_ids: set[int]
+    unused_attributes: dict[int, list[str]]
+    ignored_node_ids: frozenset[int]
+    expect_partial: bool = False
+    prefix: str = ""
+    extra: list[str] = field(default_factory=list)
+
+
+def _warn_unrestored(state: _WarningState) -> None:
+    """Log one warning naming every checkpoint value this restore never used."""
+    if state.expect_partial:
+        return
+    names = node_names(state.proto)
+    lines = [
+        f"Value in checkpoint could not be found in the restored object: {names[node_id]}"
+        for node_id, node in enumerate(state.proto.nodes)
+        if node.attributes
+        and node_id not in state.matched_proto_ids
+        and node_id not in state.ignored_node_ids
+    ]
+    lines += [
+        "An attribute in the restored object could not be found in the checkpoint. "
+        f"Object: {names[node_id]}, attribute: {attributes}"
+        for node_id, attributes in state.unused_attributes.items()
+    ]
+    if lines:
+        logger.warning(
+            "A checkpoint restore from %s is being dropped with unrestored values. To silence "
+            "this warning, call `status.expect_partial()` on the status that `read()`/`restore()` "
+            "returned.\n  %s",
+            state.prefix,
+            "\n  ".join(lines),
+        )
+
+
+class RestoreCoordinator:
+    """The state of one checkpoint load: which node is bound to which object, what is left.
+
+    Args:
+        proto: the checkpoint's object graph.
+        prefix: the checkpoint, reopened for every batch of values (no file stays open).
+        options: restore options (``skip_slot_variables``).
+        shapes: ``{checkpoint key: shape}`` of the checkpoint.
+        dtypes: ``{checkpoint key: numpy dtype}`` of the checkpoint.
+    """
+
+    def __init__(
+        self,
+        proto: TrackableObjectGraph,
+        prefix: str,
+        options: CheckpointOptions,
+        shapes: Mapping[str, tuple[int, ...]],
+        dtypes: Mapping[str, np.dtype[Any]],
+    ) -> None:
+        self.proto = proto
+        self.prefix = prefix
+        self.options = options
+        self.shapes = dict(shapes)
+        self.dtypes = dict(dtypes)
+        self.restore_uid = next_restore_uid()
+        # Weak: objects with deferred restorations point at positions, which point here.
+        self.object_by_proto_id: weakref.WeakValueDictionary[int, Trackable] = (
+            weakref.WeakValueDictionary()
+        )
+        self.matched_proto_ids: set[int] = set()
+        self.unused_attributes: dict[int, list[str]] = {}
+        # Every Python object seen while matching, even if not used (e.g. a second object
+        # where the checkpoint had one shared object): the assertions report them.
+        self.all_python_objects = IdentityWeakSet()
+        # variable node id -> slots to restore once the variable is bound; moved to
+        # deferred_slot_restorations (by optimizer node id) if the optimizer is missing then.
+        self.slot_restorations: dict[int, list[_SlotRestoration]] = collections.defaultdict(list)
+        self.deferred_slot_restorations: dict[int, list[_DeferredSlotRestoration]] = {}
+        slot_node_ids = set()
+        for node_id, node in enumerate(proto.nodes):
+            for slot in node.slot_variables:
+                slot_node_ids.add(slot.slot_variable_node_id)
+                if not options.skip_slot_variables:
+                    self.slot_restorations[slot.original_variable_node_id].append(
+                        _SlotRestoration(node_id, slot.slot_variable_node_id, slot.slot_name)
+                    )
+        self.slot_node_ids = frozenset(slot_node_ids)
+        self._names: dict[int, str] | None = None
+        self._warning = _WarningState(
+            proto,
+            self.matched_proto_ids,
+            self.unused_attributes,
+            self.slot_node_ids if options.skip_slot_variables else frozenset(),
+            prefix=prefix,
+        )
+        finalizer = weakref.finalize(self, _warn_unrestored, self._warning)
+        finalizer.atexit = False
+
+    @property
+    def expect_partial(self) -> bool:
+        return self._warning.expect_partial
+
+    @expect_partial.setter
+    def expect_partial(self, value: bool) -> None:
+        self._warning.expect_partial = value
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RestoreCoordinator:
+        return self  # shared by copies of objects with pending restorations
+
+    def node_name(self, node_id: int) -> str:
+        """Readable path of a checkpoint node, e.g. ``(root).model.dense.kernel``."""
+        if self._names is None:
+            self._names = node_names(self.proto)
+        return self._names[node_id]
+
+    def restore_values(
+        self, restorers: list[_Restorer], registered: dict[str, dict[str, Trackable]]
+    ) -> None:
+        """Read the values of ``restorers`` (one batched read) and hand them over."""
+        if not restorers and not registered:
+            return
+        tensors = _RestorerMap(restorers)
+        MultiDeviceSaver(tensors, registered).restore(self.prefix, self.options)
+
+
+class _RestorerMap:
+    """``{restorer: {checkpoint_key: live value}}`` as ``MultiDeviceSaver`` takes it."""
+
+    def __init__(self, restorers: list[_Restorer]) -> None:
+        self._restorers = restorers
+
+    def items(self) -> list[tuple[_Restorer, dict[str, Any]]]:
+        return [(r, r.specs) for r in self._restorers]
+
+
+class _Restorer:
+    """Adapts one object's ``_restore_from_tensors`` to the names stored in the checkpoint.
+
+    The checkpoint may spell value names differently (TF escapes custom names twice); the
+    object gets its own names back. Errors gain the checkpoint keys and the node path.
+    """
+
+    __slots__ = ("names", "path", "prefix", "specs", "trackable")
+
+    def __init__(
+        self, trackable: Trackable, specs: dict[str, Any], names: dict[str, str], path: str,
+        prefix: str,
+    ) -> None:
+        self.trackable = trackable
+        self.specs = specs  # checkpoint key -> the live value (its slice layout matters)
+        self.names = names  # local name in the key -> the object's own value name
+        self.path = path
+        self.prefix = prefix
+
+    def _restore_from_tensors(self, restored: Mapping[str, Any]) -> None:
+        values = {self.names[name]: value for name, value in restored.items()}
+        try:
+            self.trackable._restore_from_tensors(values)
+        except InvalidArgumentError as exc:
+            keys = sorted(self.specs)
+            raise InvalidArgumentError(
+                f"{exc.message} (object {self.path}, checkpoint key "
+                f"{', '.join(keys)} in {self.prefix})",
+                path=self.prefix,
+                key=keys[0] if keys else None,
+            ) from exc
+
+
+class CheckpointPosition:
+    """One node of a checkpoint being restored; implements ``DeferredRestoration``."""
+
+    __slots__ = ("_coordinator", "_proto_id")
+
+    def __init__(self, coordinator: RestoreCoordinator, proto_id: int) -> None:
+        self._coordinator = coordinator
+        self._proto_id = proto_id
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CheckpointPosition:
+        return self
+
+    @property
+    def restore_uid(self) -> int:
+        return self._coordinator.restore_uid
+
+    @property
+    def proto_id(self) -> int:
+        return self._proto_id
+
+    @property
+    def node(self) -> TrackableObjectGraph.TrackableObject:
+        return self._coordinator.proto.nodes[self._proto_id]
+
+    @property
+    def trackable(self) -> Trackable:
+        return self._coordinator.object_by_proto_id[self._proto_id]
+
+    def value_spec(self) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+        """Saved ``(shape, dtype)`` if this node is a plain variable (restore-on-create)."""
+        node = self.node
+        if len(node.attributes) != 1 or node.children:
+            return None
+        attribute = node.attributes[0]
+        if attribute.name != VARIABLE_VALUE_KEY:
+            return None
+        key = attribute.checkpoint_key
+        if key not in self._coordinator.shapes:
+            return None
+        return tuple(self._coordinator.shapes[key]), self._coordinator.dtypes[key]
+
+    def bind_object(self, trackable: Trackable) -> bool:
+        """Record that ``trackable`` is this node's object; False if the node was bound before."""
+        coordinator = self._coordinator
+        coordinator.all_python_objects.add(trackable)
+        coordinator.matched_proto_ids.add(self._proto_id)
+        current = coordinator.object_by_proto_id.get(self._proto_id)
+        if current is None:
+            coordinator.object_by_proto_id[self._proto_id] = trackable
+            return True
+        if current is not trackable:
+            logger.warning(
+                "Inconsistent references when loading %s: the checkpoint object %s is one "
+                "object, but the program has two different objects there (%r and %r); only the "
+                "first is restored", coordinator.prefix, coordinator.node_name(self._proto_id),
+                current, trackable,
+            )
+        return False
+
+    def restore(
+        self, trackable: Trackable, children: Mapping[str, Trackable] | None = None
+    ) -> None:
+        """Bind ``trackable`` to this node and restore it and every descendant that exists.
+
+        Args:
+            trackable: the object.
+            children: the object's children if not its own ``_trackable_children()`` (the
+                root of a ``Checkpoint`` with attached dependencies).
+        """
+        if self.bind_object(trackable):
+            self._restore_descendants(children)
+
+    # -- the walk ----------------------------------------------------------------------------
+
+    def _restore_descendants(self, root_children: Mapping[str, Trackable] | None) -> None:
+        coordinator = self._coordinator
+        restorers: list[_Restorer] = []
+        registered: dict[str, dict[str, Trackable]] = {}
+        queue: collections.deque[CheckpointPosition] = collections.deque([self])
+        first = True
+        while queue:
+            position = queue.popleft()
+            position._single_restore(restorers, registered)
+            children = root_children if first and root_children is not None else None
+            first = False
+            position._queue_children(queue, children)
+            position._queue_slot_variables(queue)
+        coordinator.restore_values(restorers, registered)
+
+    def _single_restore(
+        self, restorers: list[_Restorer], registered: dict[str, dict[str, Trackable]]
+    ) -> None:
+        trackable = self.trackable
+        coordinator = self._coordinator
+        if coordinator.restore_uid <= trackable._update_uid:
+            return  # a more recently requested restore already gave it values
+        node = self.node
+        if node.HasField("registered_saver") and node.registered_saver.name:
+            saver = node.registered_saver
+            registered.setdefault(saver.name, {})[saver.object_name] = trackable
+            trackable._update_uid = coordinator.restore_uid
+            return
+        live = trackable._serialize_to_tensors() if has_values(trackable) else {}
+        if not live:
+            if node.attributes:
+                coordinator.unused_attributes.setdefault(self._proto_id, []).extend(
+                    a.name for a in node.attributes
+                )
+            trackable._update_uid = coordinator.restore_uid
+            return
+        by_escaped = {escape_local_name(name): name for name in live}
+        specs: dict[str, Any] = {}
+        names: dict[str, str] = {}
+        for attribute in node.attributes:
+            own_name = by_escaped.get(attribute.name)
+            if own_name is None:
+                coordinator.unused_attributes.setdefault(self._proto_id, []).append(
+                    attribute.name
+                )
+                continue
+            specs[attribute.checkpoint_key] = live[own_name]
+            names[local_name(attribute.checkpoint_key)] = own_name
+        if not specs:
+            return  # nothing of this object is in the checkpoint: it stays unmatched
+        missing = sorted(set(live) - set(names.values()))
+        path = coordinator.node_name(self._proto_id)
+        if missing:
+            raise InvalidArgumentError(
+                f"Could not restore object {path} ({type(trackable).__name__}): not all of its "
+                f"values are in the checkpoint {coordinator.prefix}. Expected "
+                f"{sorted(live)}, the checkpoint has {sorted(a.name for a in node.attributes)}",
+                path=coordinator.prefix,
+            )
+        restorers.append(_Restorer(trackable, specs, names, path, coordinator.prefix))
+        trackable._update_uid = coordinator.restore_uid
+
+    def _queue_children(
+        self, queue: collections.deque[CheckpointPosition],
+        children: Mapping[str, Trackable] | None,
+    ) -> None:
+        coordinator = self._coordinator
+        trackable = self.trackable
+        if children is None:
+            children = _children_of(trackable)
+        for child in self.node.children:
+            if child.node_id in coordinator.object_by_proto_id:
+                continue
+            position = CheckpointPosition(coordinator, child.node_id)
+            local = trackable._lookup_dependency(child.local_name, children)
+            if local is None:
+                if _has_checkpoint_values(position.node):
+                    trackable._deferred_dependencies.setdefault(child.local_name, []).append(
+                        position
+                    )
+            elif position.bind_object(local):
+                queue.append(position)
+
+    def _queue_slot_variables(self, queue: collections.deque[CheckpointPosition]) -> None:
+        coordinator = self._coordinator
+        trackable = self.trackable
+        # This node is an optimizer whose variables were bound before it existed.
+        for deferred in coordinator.deferred_slot_restorations.pop(self._proto_id, ()):
+            variable = deferred.original_variable()
+            if variable is not None:
+                self._create_slot_position(
+                    queue, trackable, variable, deferred.slot_variable_id, deferred.slot_name
+                )
+        # This node is a variable with slots.
+        for slot in coordinator.slot_restorations.pop(self._proto_id, ()):
+            optimizer = coordinator.object_by_proto_id.get(slot.optimizer_id)
+            if optimizer is None:
+                coordinator.deferred_slot_restorations.setdefault(slot.optimizer_id, []).append(
+                    _DeferredSlotRestoration(
+                        weakref.ref(trackable), slot.slot_variable_id, slot.slot_name
+                    )
+                )
+            elif isinstance(optimizer, SlotOwner):
+                self._create_slot_position(
+                    queue, optimizer, trackable, slot.slot_variable_id, slot.slot_name
+                )
+
+    def _create_slot_position(
+        self, queue: collections.deque[CheckpointPosition], optimizer: Trackable,
+        variable: Trackable, slot_variable_id: int, slot_name: str,
+    ) -> None:
+        if not isinstance(optimizer, SlotOwner):
+            return
+        position = CheckpointPosition(self._coordinator, slot_variable_id)
+        slot = optimizer._create_or_restore_slot_variable(position, variable, slot_name)
+        if slot is not None and position.bind_object(slot):
+            queue.append(position)
+
+
+def _children_of(trackable: Trackable) -> dict[str, Trackable]:
+    from trackpoint.tracking.adapters import to_trackable
+
+    children = {}
+    for name, child in trackable._trackable_children().items():
+        converted = to_trackable(child)
+        if converted is not None:
+            children[name] = converted
+    return children
+
+
+def _has_checkpoint_values(node: TrackableObjectGraph.TrackableObject) -> bool:
+    if node.HasField("has_checkpoint_values"):
+        return node.has_checkpoint_values.value
+    return bool(
+        node.children or node.attributes or node.slot_variables
+        or node.HasField("registered_saver")
+    )
+
