@@ -1,0 +1,253 @@
+"""CheckpointManager: numbered checkpoints in one directory, keeping the newest few.
+
+Behaviour follows ``tf.train.CheckpointManager`` (tf-checkpoint-format.md §14). The manager
+drives any checkpoint object through its public surface — ``save_counter``, ``write(prefix,
+options)``, ``restore(path)``, ``sync()`` — and does its bookkeeping in a write callback, so the
+state file is updated and old checkpoints are deleted only after the new checkpoint is committed
+(for async saves, on the writer thread once the files are durable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from trackpoint._types import PathLike, fspath
+from trackpoint.errors import InvalidArgumentError
+from trackpoint.saving.options import CheckpointOptions
+from trackpoint.state_file import get_checkpoint_state, remove_checkpoint, write_checkpoint_state
+
+__all__ = ["CheckpointManager"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Checkpointable(Protocol):
+    """What the manager needs of a checkpoint object (``tp.Checkpoint`` provides it)."""
+
+    @property
+    def save_counter(self) -> Any: ...
+
+    def write(self, prefix: str, options: CheckpointOptions | None = None) -> str: ...
+
+    def restore(self, save_path: str | None, options: CheckpointOptions | None = None) -> Any: ...
+
+    def sync(self) -> None: ...
+
+
+def _as_int(value: Any) -> int:
+    """An integer from an int, a numpy/torch scalar, or a ``tp.Variable``."""
+    if isinstance(value, int):
+        return value
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not value.is_integer():
+        raise InvalidArgumentError(f"expected an integer step or checkpoint number, got {value}")
+    return int(value)
+
+
+class CheckpointManager:
+    """Saves numbered checkpoints ``<directory>/<checkpoint_name>-<n>`` and prunes old ones.
+
+    Only checkpoints in the *active set* (listed in the state file) are ever deleted, oldest
+    first, once more than ``max_to_keep`` exist; ``keep_checkpoint_every_n_hours`` preserves
+    one checkpoint per that many hours forever. A new manager on the same directory recovers
+    the active set and ``latest_checkpoint`` from the state file.
+
+    Example:
+        >>> import numpy as np, tempfile, trackpoint as tp
+        >>> ckpt = tp.Checkpoint(w=np.zeros(3))
+        >>> manager = tp.CheckpointManager(ckpt, tempfile.mkdtemp(), max_to_keep=2)
+        >>> path = manager.save()
+        >>> manager.latest_checkpoint == path
+        True
+
+    Args:
+        checkpoint: the ``tp.Checkpoint`` to save and restore.
+        directory: where checkpoints and the ``checkpoint`` state file live.
+        max_to_keep: how many checkpoints to keep in the active set; None keeps all.
+        keep_checkpoint_every_n_hours: preserve a checkpoint leaving the active set if this many
+            hours passed since the last preserved one.
+        checkpoint_name: base name of the prefixes.
+        step_counter: an int-valued holder read by ``checkpoint_interval``.
+        checkpoint_interval: minimum step distance between two saves (needs ``step_counter``).
+        init_fn: called by ``restore_or_initialize`` when there is no checkpoint.
+        clock: seconds since the epoch; injectable for tests.
+
+    Raises:
+        InvalidArgumentError: ``max_to_keep`` is not positive, or ``checkpoint_interval`` is
+            given without ``step_counter``.
+    """
+
+    def __init__(
+        self,
+        checkpoint: _Checkpointable,
+        directory: PathLike,
+        max_to_keep: int | None,
+        keep_checkpoint_every_n_hours: float | None = None,
+        checkpoint_name: str = "ckpt",
+        step_counter: Any = None,
+        checkpoint_interval: int | None = None,
+        init_fn: Callable[[], Any] | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_to_keep is not None and max_to_keep <= 0:
+            raise InvalidArgumentError(
+                f"Expected a positive integer or `None` for `max_to_keep`, got {max_to_keep}."
+            )
+        if checkpoint_interval is not None and step_counter is None:
+            raise InvalidArgumentError(
+                "`step_counter` should be passed if `checkpoint_interval` is not None."
+            )
+        self._checkpoint = checkpoint
+        self._max_to_keep = max_to_keep
+        self._keep_every_n_hours = keep_checkpoint_every_n_hours
+        self._directory = fspath(directory)
+        self._prefix = os.path.join(self._directory, checkpoint_name)
+        self._step_counter = step_counter
+        self._checkpoint_interval = checkpoint_interval
+        self._last_checkpoint_step: int | None = None
+        self._init_fn = init_fn
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._active: OrderedDict[str, float] = OrderedDict()
+        self._recover_state()
+
+    def _recover_state(self) -> None:
+        state = get_checkpoint_state(self._directory)
+        now = self._clock()
+        if state is None:
+            self._latest: str | None = None
+            # Slightly in the past, so a manager re-created at once still counts as newer.
+            self._last_preserved = now - 1.0
+            return
+        self._latest = state.model_checkpoint_path
+        self._last_preserved = state.last_preserved_timestamp
+        if now < self._last_preserved:
+            logger.warning(
+                "time.time() returned a value %f seconds behind the last preserved checkpoint "
+                "timestamp.",
+                self._last_preserved - now,
+            )
+            self._last_preserved = now
+        paths = list(state.all_model_checkpoint_paths)
+        stamps = list(state.all_model_checkpoint_timestamps) or [self._last_preserved] * len(paths)
+        for path, stamp in zip(paths, stamps):
+            stamp = min(stamp, now)
+            if stamp > self._last_preserved:
+                self._active[path] = stamp
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def directory(self) -> str:
+        return self._directory
+
+    @property
+    def checkpoint(self) -> _Checkpointable:
+        return self._checkpoint
+
+    @property
+    def checkpoint_interval(self) -> int | None:
+        return self._checkpoint_interval
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """Prefix of the newest committed checkpoint, or None."""
+        with self._lock:
+            return self._latest
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """Managed checkpoints, oldest first (preserved ones are not listed)."""
+        with self._lock:
+            return list(self._active)
+
+    # -- operations -----------------------------------------------------------------------
+    def save(
+        self,
+        checkpoint_number: Any = None,
+        check_interval: bool = True,
+        options: CheckpointOptions | None = None,
+    ) -> str | None:
+        """Write a new checkpoint and prune old ones.
+
+        ``save_counter`` is incremented even when ``checkpoint_number`` names the checkpoint.
+        Returns the new prefix, or None when ``checkpoint_interval`` says it is too early.
+        Deletion and the state-file update happen only after the new checkpoint is committed.
+        """
+        if self._checkpoint_interval is not None:
+            step = _as_int(self._step_counter)
+            if self._last_checkpoint_step is not None:
+                if step == self._last_checkpoint_step:
+                    return None
+                if check_interval and step < self._last_checkpoint_step + self._checkpoint_interval:
+                    return None
+            self._last_checkpoint_step = step
+        counter = self._checkpoint.save_counter
+        counter.assign(_as_int(counter) + 1)
+        number = _as_int(counter if checkpoint_number is None else checkpoint_number)
+        prefix = f"{self._prefix}-{number}"
+        options = options or CheckpointOptions()
+        options = dataclasses.replace(
+            options, write_callbacks=(*options.write_callbacks, self._record_and_sweep)
+        )
+        return self._checkpoint.write(prefix, options=options)
+
+    def _record_and_sweep(self, save_path: str) -> None:
+        with self._lock:
+            self._active.pop(save_path, None)
+            self._active[save_path] = self._clock()
+            self._latest = save_path
+            # Record first: a crash while deleting still leaves the new checkpoint findable.
+            self._record_state()
+            self._sweep()
+            self._record_state()
+
+    def _sweep(self) -> None:
+        if not self._max_to_keep:
+            return
+        while len(self._active) > self._max_to_keep:
+            path, stamp = self._active.popitem(last=False)
+            if (
+                self._keep_every_n_hours
+                and stamp - self._keep_every_n_hours * 3600.0 >= self._last_preserved
+            ):
+                self._last_preserved = stamp
+                continue
+            remove_checkpoint(path)
+
+    def _record_state(self) -> None:
+        assert self._latest is not None
+        write_checkpoint_state(
+            self._directory,
+            self._latest,
+            list(self._active),
+            list(self._active.values()),
+            self._last_preserved,
+        )
+
+    def restore_or_initialize(self) -> str | None:
+        """Restore the latest checkpoint and return its prefix; else call ``init_fn``."""
+        self._checkpoint.sync()
+        latest = self.latest_checkpoint
+        if latest is not None:
+            self._checkpoint.restore(latest)
+            if self._checkpoint_interval is not None:
+                self._last_checkpoint_step = _as_int(self._step_counter)
+            return latest
+        if self._init_fn is not None:
+            self._init_fn()
+        return None
+
+    def sync(self) -> None:
+        """Block until a pending async save (and this manager's bookkeeping) has finished."""
+        self._checkpoint.sync()
