@@ -1,0 +1,227 @@
+"""JAX arrays and Python scalars as checkpoint values: shards as slices, overlapped host copies.
+
+A ``jax.Array`` is saved shard by shard: each distinct addressable shard (replica 0 of every
+index) becomes one slice of the full tensor, in TF's ``SaveSliceInfo`` form ``"8 4 0,2:0,4"``
+(tf-checkpoint-format.md §7), and the saver stores the slices as one partitioned tensor (§8).
+Nothing is gathered on one device, and a replicated shard is written once. A single-device or
+fully replicated array is an ordinary unsliced tensor, so TensorFlow reads either kind whole.
+
+dtypes: jax's narrow floats and ints are ``ml_dtypes`` types, which the bundle layer maps to
+TF DataTypes directly (``bundle/dtypes.py``): bfloat16, the float8 family TF knows, int4/uint4,
+int2/uint2 and float4_e2m1fn. float8_e3m4, float8_e4m3 and float8_e8m0fnu have no TF DataType
+and are refused when the value is tracked. Typed PRNG keys are saved as their ``key_data``.
+
+The device-to-host copy of a save overlaps across leaves: ``_serialize_to_tensors`` starts
+``copy_to_host_async()`` on every shard and returns callables that wait for it; graph
+serialization asks every object for its values before the saver calls any callable, so all
+transfers are in flight before the first wait.
+
+JAX arrays are immutable, so these adapters cannot be restored in place:
+``Checkpoint.read``/``restore`` refuse them and ``tp.jax.restore`` returns new arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from trackpoint.bundle.dtypes import datatype_for
+from trackpoint.bundle.slice_spec import TensorSlice, format_slice_spec
+from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
+from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
+
+__all__ = [
+    "ArrayLeaf",
+    "ScalarLeaf",
+    "check_array",
+    "check_storable_dtype",
+    "host_value",
+    "index_bounds",
+    "is_key_array",
+    "shard_slices",
+]
+
+_IMMUTABLE_HINT = (
+    "JAX arrays and Python scalars are immutable and cannot be restored in place; get new "
+    "values with tp.jax.restore(path, target), e.g. "
+    "state = tp.jax.restore(path, {'params': params, 'opt_state': opt_state})"
+)
+
+
+def is_key_array(value: Any) -> bool:
+    """True for a typed PRNG key array (``jax.random.key``), stored as its ``key_data``."""
+    return jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+
+
+def check_storable_dtype(dtype: Any, *, what: str) -> np.dtype[Any]:
+    """``dtype`` as a numpy dtype a TensorFlow checkpoint can hold.
+
+    Raises:
+        InvalidArgumentError: no TF DataType exists for it (names ``what``).
+    """
+    np_dtype = np.dtype(dtype)
+    try:
+        datatype_for(np_dtype)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(
+            f"{what} has dtype {np_dtype}, which TensorFlow checkpoints cannot store ({exc}). "
+            "Cast it (e.g. x.astype(jnp.float32)) or keep it out of the checkpoint"
+        ) from exc
+    return np_dtype
+
+
+def check_array(array: jax.Array, *, what: str) -> None:
+    """Raise unless ``array`` can be saved: a storable dtype, all shards in this process.
+
+    Raises:
+        InvalidArgumentError: names ``what`` and the problem.
+    """
+    if not array.is_fully_addressable:
+        raise InvalidArgumentError(
+            f"{what} (a jax.Array of shape {array.shape}) spans several processes; trackpoint "
+            "saves arrays whose shards this process can address (single-process JAX)"
+        )
+    if not is_key_array(array):  # key arrays are saved as their uint32 key_data
+        check_storable_dtype(array.dtype, what=f"{what} (a jax.Array of shape {array.shape})")
+
+
+def index_bounds(
+    index: tuple[slice, ...], shape: tuple[int, ...]
+) -> tuple[tuple[int, int], ...]:
+    """``(start, stop)`` per dimension of a shard index (``slice(None)`` resolved)."""
+    bounds = []
+    for item, dim in zip(index, shape):
+        start, stop, step = item.indices(dim)
+        if step != 1:
+            raise InvalidArgumentError(f"shard index {index} has a step; only boxes are stored")
+        bounds.append((start, stop))
+    return tuple(bounds)
+
+
+def shard_slices(array: jax.Array) -> list[tuple[TensorSlice | None, jax.Array]]:
+    """The distinct shards of ``array`` to save: ``(slice, single-device data)``, by position.
+
+    A ``None`` slice means one shard holds the whole array (saved unsliced). Replicas other
+    than replica 0 and empty shards are skipped.
+
+    Raises:
+        InvalidArgumentError: the array spans processes (not all shards are addressable).
+    """
+    check_array(array, what="a checkpointed value")
+    shape = tuple(array.shape)
+    if array.size == 0 or len(array.sharding.device_set) == 1:
+        return [(None, array)]
+    if array.ndim == 0 or array.sharding.is_fully_replicated:
+        return [(None, array.addressable_shards[0].data)]
+    by_bounds: dict[tuple[tuple[int, int], ...], jax.Array] = {}
+    for shard in array.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        bounds = index_bounds(shard.index, shape)
+        if any(stop <= start for start, stop in bounds):
+            continue
+        by_bounds.setdefault(bounds, shard.data)
+    if len(by_bounds) == 1:
+        (bounds, data), = by_bounds.items()
+        if all(b == (0, dim) for b, dim in zip(bounds, shape)):
+            return [(None, data)]
+    return [
+        (TensorSlice.from_bounds([s for s, _ in b], [e - s for s, e in b]), data)
+        for b, data in sorted(by_bounds.items())
+    ]
+
+
+def host_value(data: jax.Array) -> Callable[[], np.ndarray]:
+    """Start copying ``data`` (one device) to host memory; return a callable that waits for it.
+
+    On CPU the result is usually a read-only view of the device buffer (no copy); the saver
+    writes from it directly, or copies it for an asynchronous save.
+    """
+    data.copy_to_host_async()
+
+    def wait() -> np.ndarray:
+        return np.asarray(data)
+
+    return wait
+
+
+class ArrayLeaf(Trackable):
+    """Adapter: one ``jax.Array`` saved under ``VARIABLE_VALUE``, sliced by its shards.
+
+    Made by the adapter registry for every jax array a checkpoint reaches; the adapter holds
+    the array, so a later save sees the same array (rebind the attribute to save new values).
+
+    Raises:
+        InvalidArgumentError: the dtype cannot be stored, or the array spans processes.
+    """
+
+    def __init__(self, array: jax.Array) -> None:
+        check_array(array, what="a checkpointed value")
+        self._array = array
+
+    @property
+    def array(self) -> jax.Array:
+        """The tracked array (never replaced: restoring returns new arrays instead)."""
+        return self._array
+
+    def _serialize_to_tensors(self) -> dict[str, Any]:
+        # docstring inherited
+        array = jax.random.key_data(self._array) if is_key_array(self._array) else self._array
+        shape = tuple(array.shape)
+        slices = shard_slices(array)
+        if len(slices) == 1 and slices[0][0] is None:
+            return {VARIABLE_VALUE_KEY: host_value(slices[0][1])}
+        return {
+            VARIABLE_VALUE_KEY: {
+                format_slice_spec(shape, tensor_slice): host_value(data)
+                for tensor_slice, data in slices
+                if tensor_slice is not None
+            }
+        }
+
+    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
+        # docstring inherited
+        raise FailedPreconditionError(f"cannot restore a jax.Array in place: {_IMMUTABLE_HINT}")
+
+    def __repr__(self) -> str:
+        return f"<ArrayLeaf shape={tuple(self._array.shape)} dtype={self._array.dtype}>"
+
+
+class ScalarLeaf(Trackable):
+    """A Python ``bool``/``int``/``float``/``complex`` or numpy scalar leaf of a pytree.
+
+    Saved as a 0-d array (``int`` as int64, ``float`` as float64, as ``np.asarray`` types them).
+
+    Raises:
+        InvalidArgumentError: the value does not fit a fixed-width dtype (e.g. an int >= 2**63).
+    """
+
+    def __init__(self, value: Any, *, what: str = "a scalar leaf") -> None:
+        try:
+            array = np.asarray(value)
+        except OverflowError as exc:
+            raise InvalidArgumentError(
+                f"{what}, the Python int {value}, does not fit in int64 and cannot be stored; "
+                "keep it out of the checkpoint or store it as a string"
+            ) from exc
+        check_storable_dtype(array.dtype, what=f"{what} ({value!r})")
+        self._value = value
+        self._array = array
+
+    @property
+    def value(self) -> Any:
+        return self._value
+
+    def _serialize_to_tensors(self) -> dict[str, Any]:
+        # docstring inherited
+        return {VARIABLE_VALUE_KEY: self._array}
+
+    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
+        # docstring inherited
+        raise FailedPreconditionError(f"cannot restore a scalar in place: {_IMMUTABLE_HINT}")
+
+    def __repr__(self) -> str:
+        return f"<ScalarLeaf {self._value!r}>"

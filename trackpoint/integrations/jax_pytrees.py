@@ -1,0 +1,268 @@
+"""JAX pytrees as object graphs: containers become nodes, leaves become values.
+
+A pytree container (dict, list, tuple, namedtuple, registered dataclass or custom node) is a
+:class:`PyTreeNode` whose children are named after jax's key path entries: dict keys, sequence
+indices, and attribute names of namedtuples and dataclasses (tf-checkpoint-format.md §9.3, the
+names TF's tracked containers use). A namedtuple's fields are also reachable by index, as in
+TF's ``_TupleWrapper`` (semantics B11), so its object graph is the one the generic containers
+write. Leaves are jax arrays (:class:`~trackpoint.integrations.jax_arrays.ArrayLeaf`), numpy
+arrays (``tp.Variable`` through the adapter registry), Python or numpy scalars
+(:class:`~trackpoint.integrations.jax_arrays.ScalarLeaf`) and trackables; ``None`` and empty
+containers hold nothing and are left out.
+
+Unlike the generic ``DictWrapper``/``ListWrapper``, a ``PyTreeNode`` never modifies the
+container it views, so the user's pytree stays a valid JAX pytree. It reflects the tree as it
+was when tracked: JAX updates make new trees, so attach the new tree before saving it again.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+
+from trackpoint.errors import InvalidArgumentError
+from trackpoint.integrations.jax_arrays import ScalarLeaf, check_array, check_storable_dtype
+from trackpoint.tracking.adapters import is_adaptable, to_trackable
+from trackpoint.tracking.base import Trackable
+
+__all__ = [
+    "PyTreeNode",
+    "check_leaf",
+    "is_jax_pytree",
+    "leaf_trackable",
+    "leaves_with_names",
+    "local_name",
+    "readable",
+    "tree_trackable",
+]
+
+_SCALARS = (bool, int, float, complex, np.generic)
+
+
+def local_name(entry: Any) -> str:
+    """The local name of one key path entry: dict key, index or attribute name.
+
+    Raises:
+        InvalidArgumentError: a dict key that is not a str or int (it has no stable name).
+    """
+    if isinstance(entry, DictKey):
+        key = entry.key
+        if isinstance(key, str):
+            return key
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            return str(int(key))
+        raise InvalidArgumentError(
+            f"a pytree dict key {key!r} of type {type(key).__name__} cannot name a checkpoint "
+            "value; use str (or int) keys"
+        )
+    if isinstance(entry, SequenceKey):
+        return str(entry.idx)
+    if isinstance(entry, GetAttrKey):
+        return entry.name
+    if isinstance(entry, FlattenedIndexKey):
+        return str(entry.key)
+    raise InvalidArgumentError(
+        f"unsupported pytree key {entry!r} ({type(entry).__name__}); register the node with "
+        "DictKey, SequenceKey or GetAttrKey keys (jax.tree_util.register_pytree_with_keys)"
+    )
+
+
+def readable(path: Sequence[Any]) -> str:
+    """A key path as jax prints it, e.g. ``['params']['w']``; ``<root>`` when empty."""
+    return jax.tree_util.keystr(tuple(path)) or "<root>"
+
+
+def _is_leaf(value: Any) -> bool:
+    # Trackables (tracked containers included) are values, not pytree structure.
+    return isinstance(value, Trackable)
+
+
+def leaves_with_names(tree: Any) -> tuple[list[tuple[tuple[str, ...], Any, Any]], Any]:
+    """Every leaf of ``tree`` with its local names from the root and its jax key path.
+
+    Returns:
+        ``([(names, key_path, leaf), ...], treedef)`` in jax's flattening order.
+
+    Raises:
+        InvalidArgumentError: jax cannot flatten ``tree``, a key cannot be named, or two
+            children of one node get the same name (e.g. dict keys ``1`` and ``"1"``).
+    """
+    try:
+        flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)
+    except (TypeError, ValueError) as exc:  # e.g. dict keys jax cannot sort
+        raise InvalidArgumentError(f"cannot flatten the pytree to checkpoint it: {exc}") from exc
+    out = []
+    # names of every node seen -> its key path: two different keys with one name collide.
+    seen: dict[tuple[str, ...], tuple[Any, ...]] = {}
+    for path, leaf in flat:
+        names = tuple(local_name(entry) for entry in path)
+        for depth in range(1, len(path) + 1):
+            other = seen.setdefault(names[:depth], tuple(path[:depth]))
+            if other != tuple(path[:depth]):
+                raise InvalidArgumentError(
+                    f"pytree keys {readable(other)} and {readable(path[:depth])} get the same "
+                    f"checkpoint name {'/'.join(names[:depth])!r}; rename one of them"
+                )
+        out.append((names, tuple(path), leaf))
+    return out, treedef
+
+
+def is_jax_pytree(value: Any) -> bool:
+    """True for a pytree container holding at least one ``jax.Array`` (what JAX owns).
+
+    Such containers are tracked as :class:`PyTreeNode` instead of being wrapped in place.
+    """
+    try:
+        leaves = jax.tree_util.tree_leaves(value, is_leaf=_is_leaf)
+    except (TypeError, ValueError):  # not a pytree jax can flatten: not JAX's to claim
+        return False
+    return _is_container(value) and any(isinstance(leaf, jax.Array) for leaf in leaves)
+
+
+def _children(tree: Any) -> Iterator[tuple[str, Any, Any]]:
+    """``(local name, key entry, child)`` of one container level."""
+    # Not flatten_one_level_with_keys: jax 0.10 gives every namedtuple field the first
+    # field's key there. Flattening with every child as a leaf gives the right keys.
+    pairs, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)
+    for (entry,), child in pairs:
+        yield local_name(entry), entry, child
+
+
+def _has_leaves(value: Any) -> bool:
+    return bool(jax.tree_util.tree_leaves(value, is_leaf=_is_leaf))
+
+
+def _is_container(value: Any) -> bool:
+    """A pytree node (not a leaf); ``None`` counts as a leaf here."""
+    if value is None or _is_leaf(value):
+        return False
+    leaves = jax.tree_util.tree_leaves(value, is_leaf=_is_leaf)
+    return not (len(leaves) == 1 and leaves[0] is value)
+
+
+class PyTreeNode(Trackable):
+    """A pytree container as a node of the object graph; the container is never modified.
+
+    The whole tree is checked when the node is made; its children are made on first use (the
+    adapter registry makes nodes under its lock, and children come from the registry too).
+
+    Args:
+        tree: a container pytree (a leaf is not a node: see :func:`leaf_trackable`).
+        path: the key path of ``tree`` in an enclosing pytree, for error messages.
+
+    Raises:
+        InvalidArgumentError: a leaf cannot be saved (names its key path and type), a key
+            cannot be named, or two children get the same name.
+    """
+
+    def __init__(self, tree: Any, path: tuple[Any, ...] = ()) -> None:
+        if not path:
+            for _, leaf_path, leaf in leaves_with_names(tree)[0]:
+                check_leaf(leaf, leaf_path)
+        self._tree = tree
+        self._path = path
+        self._children: dict[str, Trackable] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def tree(self) -> Any:
+        """The viewed container."""
+        return self._tree
+
+    def _trackable_children(self) -> dict[str, Trackable]:
+        # docstring inherited
+        with self._lock:
+            if self._children is None:
+                self._children = self._make_children()
+            return dict(self._children)
+
+    def _make_children(self) -> dict[str, Trackable]:
+        children: dict[str, Trackable] = {}
+        for name, entry, child in _children(self._tree):
+            path = (*self._path, entry)
+            if _is_container(child):
+                if _has_leaves(child):
+                    children[name] = PyTreeNode(child, path)
+            elif child is not None:
+                children[name] = leaf_trackable(child, path)
+        fields = getattr(type(self._tree), "_fields", None)
+        if isinstance(self._tree, tuple) and fields is not None:
+            # Namedtuple fields by index too (B11); the field name comes first, so it is the
+            # path the checkpoint keys use.
+            for index, field in enumerate(fields):
+                if field in children:
+                    children.setdefault(str(index), children[field])
+        return children
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PyTreeNode:
+        copied = PyTreeNode.__new__(PyTreeNode)
+        memo[id(self)] = copied
+        copied._tree = copy.deepcopy(self._tree, memo)
+        copied._path = self._path
+        copied._children = None  # rebuilt from the copied tree on first use
+        copied._lock = threading.Lock()
+        return copied
+
+    def __repr__(self) -> str:
+        return f"<PyTreeNode {type(self._tree).__name__} at {readable(self._path)}>"
+
+
+def tree_trackable(tree: Any) -> Trackable:
+    """The trackable that saves ``tree``: a :class:`PyTreeNode`, or a single leaf's trackable.
+
+    Raises:
+        InvalidArgumentError: a leaf cannot be saved (names its key path).
+    """
+    leaves, _ = leaves_with_names(tree)  # a clear error if jax cannot flatten it
+    if len(leaves) == 1 and leaves[0][2] is tree:
+        return leaf_trackable(tree)
+    return PyTreeNode(tree)
+
+
+def check_leaf(leaf: Any, path: tuple[Any, ...] = ()) -> None:
+    """Raise if ``leaf`` cannot be saved; the message names its key path.
+
+    Raises:
+        InvalidArgumentError: abstract (``jax.ShapeDtypeStruct``), an unsupported dtype, or a
+            type that is neither an array, a scalar nor trackable.
+    """
+    where = f"the pytree leaf {readable(path)}"
+    if isinstance(leaf, Trackable):
+        return
+    if isinstance(leaf, jax.Array):
+        check_array(leaf, what=where)
+    elif isinstance(leaf, np.ndarray):
+        check_storable_dtype(leaf.dtype, what=where)
+    elif isinstance(leaf, _SCALARS):
+        ScalarLeaf(leaf, what=where)
+    elif isinstance(leaf, jax.ShapeDtypeStruct):
+        raise InvalidArgumentError(
+            f"{where} is a jax.ShapeDtypeStruct, which has no value to save; abstract leaves "
+            "are restore targets only (tp.jax.restore)"
+        )
+    elif not is_adaptable(leaf):
+        raise InvalidArgumentError(
+            f"{where} is a {type(leaf).__name__}, which cannot be saved; leaves must be jax or "
+            "numpy arrays, Python/numpy scalars or trackable objects (keep other values out of "
+            "the checkpointed tree)"
+        )
+
+
+def leaf_trackable(leaf: Any, path: tuple[Any, ...] = ()) -> Trackable:
+    """The trackable saving one pytree leaf (its registered adapter, or a ``ScalarLeaf``).
+
+    Raises:
+        InvalidArgumentError: as :func:`check_leaf`.
+    """
+    check_leaf(leaf, path)
+    if isinstance(leaf, _SCALARS) and not isinstance(leaf, Trackable):
+        return ScalarLeaf(leaf, what=f"the pytree leaf {readable(path)}")
+    trackable = to_trackable(leaf)
+    assert trackable is not None  # check_leaf accepted it
+    return trackable
