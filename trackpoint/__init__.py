@@ -1,1 +1,57 @@
-"""trackpoint: TensorFlow-compatible object-based checkpointing without TensorFlow."""
+"""trackpoint: TensorFlow-compatible object-based checkpointing without TensorFlow.
+
+``import trackpoint as tp`` gives the public API of DESIGN.md: ``tp.Checkpoint``,
+``tp.CheckpointManager``, ``tp.Variable`` and the inspection helpers. Framework integrations
+(PyTorch, JAX, numpy generators) load themselves the first time a checkpoint meets one of their
+objects, so importing trackpoint never imports torch or jax; ``tp.jax`` imports jax on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trackpoint import errors, metrics
+from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint_utils import list_variables, load_checkpoint, load_variable
+from trackpoint.graph import list_objects, object_metadata
+from trackpoint.load_status import LoadStatus
+from trackpoint.management import CheckpointManager
+from trackpoint.saving import CheckpointOptions, register_checkpoint_saver, sharding
+from trackpoint.state_file import get_checkpoint_state, latest_checkpoint
+from trackpoint.tracking import AutoTrackable, PythonState, Trackable, Variable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AutoTrackable",
+    "Checkpoint",
+    "CheckpointManager",
+    "CheckpointOptions",
+    "LoadStatus",
+    "PythonState",
+    "Trackable",
+    "Variable",
+    "__version__",
+    "errors",
+    "get_checkpoint_state",
+    "latest_checkpoint",
+    "list_objects",
+    "list_variables",
+    "load_checkpoint",
+    "load_variable",
+    "metrics",
+    "object_metadata",
+    "register_checkpoint_saver",
+    "sharding",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """``tp.jax`` (and ``tp.torch``) import their framework only when first used."""
+    if name in ("jax", "torch"):
+        import importlib
+
+        module = importlib.import_module(f"trackpoint.integrations.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'trackpoint' has no attribute {name!r}")

@@ -138,7 +138,7 @@ def cmd_cat(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_objects(args: argparse.Namespace, console: Console) -> int:
-    from trackpoint.graph import object_metadata, readable_paths
+    from trackpoint.graph import node_names, object_metadata
 
     prefix = resolve_prefix(args.path)
     graph = object_metadata(prefix)
@@ -146,7 +146,7 @@ def cmd_objects(args: argparse.Namespace, console: Console) -> int:
     table.add_column("node", justify="right")
     table.add_column("path", overflow="fold")
     table.add_column("attributes", overflow="fold")
-    for node_id, path in readable_paths(graph).items():
+    for node_id, path in sorted(node_names(graph).items()):
         attrs = ", ".join(a.name for a in graph.nodes[node_id].attributes)
         table.add_row(str(node_id), path, attrs)
     console.print(table)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
+from trackpoint.cli import convert as convert_cmd
 from trackpoint.cli import inspect_cmds
 
 __all__ = ["main"]
@@ -44,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("objects", help="show the object graph as paths")
     p.add_argument("path")
     p.set_defaults(func=inspect_cmds.cmd_objects)
+
+    convert_cmd.add_parser(sub)
 
     p = sub.add_parser(
         "demo", help="train, checkpoint, get killed, resume, and verify against a clean run"

@@ -1,0 +1,110 @@
+"""``trackpoint convert SRC DST``: between checkpoints, torch state_dicts and safetensors.
+
+The formats come from the file names (``.safetensors``; ``.pt``/``.pth``/``.bin``; anything
+else is a checkpoint prefix), or from ``--from``/``--to``. Works without TensorFlow; the torch
+format needs torch. Wired into ``trackpoint`` by :func:`add_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.table import Table
+
+from trackpoint.integrations.convert import FORMATS, ConversionResult, convert
+from trackpoint.integrations.key_map import KeyMap
+
+__all__ = ["add_parser", "cmd_convert"]
+
+_SHOW_SKIPPED = 20
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``convert`` subcommand to ``trackpoint``'s subparsers; returns its parser."""
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert between checkpoints, torch state_dict files and safetensors",
+        description=(
+            "Convert SRC to DST. Formats: a checkpoint prefix (TensorFlow V2, also a directory "
+            "meaning its latest checkpoint), .pt/.pth/.bin (torch.save of tensors; loaded with "
+            "weights_only=True) and .safetensors. Checkpoint keys become state_dict names by "
+            "dropping '/.ATTRIBUTES/VARIABLE_VALUE' and joining object names with '.', and back."
+        ),
+    )
+    parser.add_argument("src", help="source checkpoint prefix, directory, or file")
+    parser.add_argument("dst", help="destination checkpoint prefix or file")
+    parser.add_argument(
+        "--map", dest="map_file", metavar="FILE",
+        help="JSON key map: renames, regex rules (with transposes) and drops",
+    )
+    parser.add_argument(
+        "--root", metavar="PATH",
+        help="object path inside the checkpoint side, e.g. 'model': only values under it are "
+        "read (and the path stripped), or values are written under it",
+    )
+    parser.add_argument("--from", dest="src_format", choices=FORMATS, help="source format")
+    parser.add_argument("--to", dest="dst_format", choices=FORMATS, help="destination format")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing DST")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="list every converted and skipped value"
+    )
+    parser.set_defaults(func=cmd_convert)
+    return parser
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _run(args: argparse.Namespace, console: Console, key_map: KeyMap | None) -> ConversionResult:
+    kwargs: dict[str, Any] = {
+        "key_map": key_map, "root": args.root, "source_format": args.src_format,
+        "destination_format": args.dst_format, "overwrite": args.force,
+    }
+    if not console.is_terminal:
+        return convert(args.src, args.dst, **kwargs)
+    columns = (
+        TextColumn("[bold]converting"), BarColumn(), DownloadColumn(), TransferSpeedColumn()
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("convert", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return convert(args.src, args.dst, progress=progress, **kwargs)
+
+
+def cmd_convert(args: argparse.Namespace, console: Console) -> int:
+    """Run ``trackpoint convert``; returns the exit code (errors propagate as CheckpointError)."""
+    key_map = KeyMap.load(args.map_file) if args.map_file else None
+    result = _run(args, console, key_map)
+    console.print(
+        f"[bold green]wrote[/] {result.destination} ({result.destination_format}): "
+        f"{len(result.names)} tensors, {_human(result.nbytes)} from {result.source} "
+        f"({result.source_format})",
+        highlight=False,
+    )
+    if args.verbose and result.names:
+        table = Table(title="converted", title_justify="left")
+        table.add_column("source", overflow="fold")
+        table.add_column("destination", overflow="fold")
+        for source, destination in result.names:
+            table.add_row(source, destination)
+        console.print(table)
+    if result.skipped:
+        shown = result.skipped if args.verbose else result.skipped[:_SHOW_SKIPPED]
+        console.print(f"skipped {len(result.skipped)}:", highlight=False)
+        for name, reason in shown:
+            console.print(f"  {name}  [dim]({reason})[/]", highlight=False)
+        if len(shown) < len(result.skipped):
+            console.print(f"  … {len(result.skipped) - len(shown)} more (-v lists all)")
+    return 0
