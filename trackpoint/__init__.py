@@ -18,7 +18,7 @@ from trackpoint.load_status import LoadStatus
 from trackpoint.management import CheckpointManager
 from trackpoint.saving import CheckpointOptions, register_checkpoint_saver, sharding
 from trackpoint.state_file import get_checkpoint_state, latest_checkpoint
-from trackpoint.tracking import AutoTrackable, PythonState, Trackable, Variable
+from trackpoint.tracking import AutoTrackable, ParallelVariable, PythonState, Trackable, Variable
 
 __version__ = "0.1.0"
 
@@ -28,6 +28,7 @@ __all__ = [
     "CheckpointManager",
     "CheckpointOptions",
     "LoadStatus",
+    "ParallelVariable",
     "PythonState",
     "Trackable",
     "Variable",

@@ -363,7 +363,7 @@ class CheckpointPosition:
             names[local_name(attribute.checkpoint_key)] = own_name
         if not specs:
             return  # nothing of this object is in the checkpoint: it stays unmatched
-        missing = sorted(set(live) - set(names.values()))
+        missing = sorted(set(live) - set(names.values()) - trackable._optional_tensor_names())
         path = coordinator.node_name(self._proto_id)
         if missing:
             raise InvalidArgumentError(

@@ -30,6 +30,7 @@ from trackpoint.tracking.containers import (
     wrap_or_unwrap,
 )
 from trackpoint.tracking.mappings import DictWrapper, TupleWrapper
+from trackpoint.tracking.parallel import ParallelVariable
 from trackpoint.tracking.python_state import PYTHON_STATE, PythonState
 from trackpoint.tracking.slots import SlotOwner
 from trackpoint.tracking.variable import Variable
@@ -44,6 +45,7 @@ __all__ = [
     "ListWrapper",
     "NoDependency",
     "NotTrackable",
+    "ParallelVariable",
     "PythonState",
     "SlotOwner",
     "Trackable",

@@ -271,6 +271,15 @@ class Trackable:
         """
         return {}
 
+    def _optional_tensor_names(self) -> frozenset[str]:
+        """Names among :meth:`_serialize_to_tensors`'s that a checkpoint may lack.
+
+        A restore fails when a checkpoint has some of an object's values but not all; names
+        listed here are exempt, and are simply absent from ``restored_tensors``. The default
+        exempts none.
+        """
+        return frozenset()
+
     def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
         """Restore this object's values from ``{name: array}`` (names as in the save).
 
