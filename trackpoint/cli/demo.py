@@ -72,14 +72,77 @@ def _train_step(params: dict[str, np.ndarray], velocity: dict[str, np.ndarray],
     return loss
 
 
-def train(directory: str, steps: int, seed: int, emit: Any = None) -> dict[str, Any]:
+class _NumpyRun:
+    """The numpy MLP with SGD + momentum; the checkpoint tracks its arrays in place."""
+
+    name = "numpy MLP, SGD with momentum"
+
+    def __init__(self, seed: int) -> None:
+        self.params = _init_params(seed)
+        self.velocity = {k: np.zeros_like(v) for k, v in self.params.items()}
+
+    def state(self) -> dict[str, Any]:
+        return {"params": self.params, "velocity": self.velocity}
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        return _train_step(self.params, self.velocity, x, y)
+
+
+class _TorchRun:
+    """The same MLP in PyTorch with Adam and a step LR schedule: plain torch objects."""
+
+    name = "PyTorch MLP, Adam + StepLR"
+
+    def __init__(self, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+        d_in, d_hidden, d_out = SIZES
+        self.torch = torch
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(d_in, d_hidden), torch.nn.ReLU(), torch.nn.Linear(d_hidden, d_out)
+        )
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=50, gamma=0.5)
+
+    def state(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        torch = self.torch
+        loss = torch.nn.functional.cross_entropy(
+            self.model(torch.from_numpy(x)), torch.from_numpy(y)
+        )
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(loss)
+
+
+def _torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def backend_run(backend: str, seed: int) -> _NumpyRun | _TorchRun:
+    """The model to train: PyTorch when ``backend`` is "torch" (or "auto" and torch imports)."""
+    if backend == "torch" or (backend == "auto" and _torch_available()):
+        return _TorchRun(seed)
+    return _NumpyRun(seed)
+
+
+def train(directory: str, steps: int, seed: int, emit: Any = None,
+          backend: str = "numpy") -> dict[str, Any]:
     """Train to ``steps``, resuming from ``directory``'s latest checkpoint if there is one."""
     import trackpoint as tp
 
-    params = _init_params(seed)
-    velocity = {k: np.zeros_like(v) for k, v in params.items()}
+    run = backend_run(backend, seed)
     step = tp.Variable(np.int64(0), name="step")
-    ckpt = tp.Checkpoint(params=params, velocity=velocity, step=step)
+    ckpt = tp.Checkpoint(**run.state(), step=step)
     manager = tp.CheckpointManager(ckpt, directory, max_to_keep=MAX_TO_KEEP)
     resumed_from = manager.restore_or_initialize()
     emit = emit or (lambda **kw: None)
@@ -88,14 +151,14 @@ def train(directory: str, steps: int, seed: int, emit: Any = None) -> dict[str, 
     loss = float("nan")
     while int(step.numpy()) < steps:
         x, y = _batch(seed, int(step.numpy()))
-        loss = _train_step(params, velocity, x, y)
+        loss = run.step(x, y)
         step.assign(step.numpy() + 1)
         if int(step.numpy()) % SAVE_EVERY == 0:
             t0 = time.perf_counter()
             path = manager.save()
             save_ms.append((time.perf_counter() - t0) * 1e3)
             emit(event="saved", step=int(step.numpy()), path=path, ms=save_ms[-1])
-    final = tp.Checkpoint(params=params, velocity=velocity, step=step)
+    final = tp.Checkpoint(**run.state(), step=step)
     final_path = final.write(os.path.join(directory, "final"))
     emit(event="done", step=int(step.numpy()), loss=loss, final=final_path)
     return {"save_ms": save_ms, "final": final_path, "checkpoints": manager.checkpoints,
@@ -107,13 +170,13 @@ def _worker(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(kw) + "\n")
         sys.stdout.flush()
 
-    train(args.dir, args.steps, args.seed, emit)
+    train(args.dir, args.steps, args.seed, emit, backend=args.backend)
     return 0
 
 
-def _spawn(directory: str, steps: int, seed: int) -> subprocess.Popen[str]:
+def _spawn(directory: str, steps: int, seed: int, backend: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "trackpoint.cli", "demo", "--worker", "--dir", directory,
-           "--steps", str(steps), "--seed", str(seed)]
+           "--steps", str(steps), "--seed", str(seed), "--backend", backend]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
@@ -137,33 +200,38 @@ def run(args: argparse.Namespace, console: Console) -> int:
     root = args.dir or tempfile.mkdtemp(prefix="trackpoint-demo-")
     crashed, clean = os.path.join(root, "crashed"), os.path.join(root, "clean")
     rng = random.Random()
-    console.print(f"[bold]trackpoint demo[/] in {root}: {args.steps} steps, a checkpoint every "
-                  f"{SAVE_EVERY}, keeping {MAX_TO_KEEP}")
+    backend = "torch" if args.backend == "torch" or (
+        args.backend == "auto" and _torch_available()) else "numpy"
+    console.print(f"[bold]trackpoint demo[/] in {root}: {backend_run(backend, 0).name}, "
+                  f"{args.steps} steps, a checkpoint every {SAVE_EVERY}, keeping {MAX_TO_KEEP}")
 
-    # 1. Train in a child and SIGKILL it at a random moment after its first checkpoint.
-    proc = _spawn(crashed, args.steps, args.seed)
+    # 1. Train in a child and SIGKILL it at a random moment: after a random number of
+    # checkpoints, a random fraction of a second later (mid-step or mid-save).
+    proc = _spawn(crashed, args.steps, args.seed, backend)
     assert proc.stdout is not None
-    killed_after = None
+    kill_after_saves = rng.randint(1, max(1, args.steps // SAVE_EVERY // 2))
+    killed_after, saves_seen = None, 0
     for line in proc.stdout:
         event = json.loads(line)
         if event["event"] == "saved":
-            killed_after = event["step"]
-            break
-    time.sleep(rng.uniform(0.0, 0.6))
+            killed_after, saves_seen = event["step"], saves_seen + 1
+            if saves_seen >= kill_after_saves:
+                break
+    time.sleep(rng.uniform(0.0, 0.3))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     latest = tp.latest_checkpoint(crashed)
-    console.print(f"1. training process killed with SIGKILL (first checkpoint at step "
-                  f"{killed_after}); latest committed checkpoint: [cyan]{latest}[/]")
+    console.print(f"1. training process killed with SIGKILL after its checkpoint at step "
+                  f"{killed_after}; latest committed checkpoint: [cyan]{latest}[/]")
 
     # 2. Resume in a fresh process.
-    resume = _events(_spawn(crashed, args.steps, args.seed))
+    resume = _events(_spawn(crashed, args.steps, args.seed, backend))
     start = resume[0]
     console.print(f"2. resumed from {start['resumed_from']} at step {start['step']} and "
                   f"trained to step {resume[-1]['step']}")
 
     # 3. The reference: one uninterrupted run.
-    reference = _events(_spawn(clean, args.steps, args.seed))
+    reference = _events(_spawn(clean, args.steps, args.seed, backend))
     console.print(f"3. reference run without interruption finished at step "
                   f"{reference[-1]['step']}")
 

@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default=None, help="working directory (default: a temporary one)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--backend", choices=("auto", "numpy", "torch"), default="auto",
+        help="model to train: PyTorch if installed (auto), or the numpy one",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=_run_demo)
     return parser
