@@ -33,6 +33,18 @@ def _as_value_array(value: Any, dtype: Any = None) -> np.ndarray:
     return array
 
 
+def _fit_bytes(saved: np.ndarray, dtype: np.dtype[Any], what: str) -> np.ndarray:
+    """Checkpoint strings (an object array of bytes) as ``dtype`` (fixed-width ``|S<n>``)."""
+    longest = max((len(item) for item in saved.flat), default=0)
+    if longest > dtype.itemsize:
+        raise InvalidArgumentError(
+            f"cannot restore {what}: the checkpoint holds a string of {longest} bytes but its "
+            f"numpy dtype {dtype} holds at most {dtype.itemsize}; use a wider bytes dtype or "
+            "dtype=object"
+        )
+    return saved.astype(dtype)
+
+
 def check_restorable(target: np.ndarray, saved: Any, *, what: str) -> np.ndarray:
     """Validate that ``saved`` can be copied into ``target`` in place; return it as an array.
 
@@ -47,6 +59,8 @@ def check_restorable(target: np.ndarray, saved: Any, *, what: str) -> np.ndarray
             f"restore {what} with shape {target.shape}; the checkpoint does not match the "
             "program (build the object with the saved shape)"
         )
+    if target.dtype.kind == "S" and saved_array.dtype == object:
+        saved_array = _fit_bytes(saved_array, target.dtype, what)
     if saved_array.dtype != target.dtype:
         raise InvalidArgumentError(
             f"Received tensor of dtype {saved_array.dtype} when attempting to restore {what} "
