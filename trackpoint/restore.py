@@ -350,10 +350,19 @@ class CheckpointPosition:
             trackable._update_uid = coordinator.restore_uid
             return
         by_escaped = {escape_local_name(name): name for name in live}
+        for name, aliases in trackable._tensor_name_aliases().items():
+            if name in live:
+                for alias in aliases:
+                    by_escaped.setdefault(escape_local_name(alias), name)
         specs: dict[str, Any] = {}
         names: dict[str, str] = {}
+        present = {attribute.name for attribute in node.attributes}
         for attribute in node.attributes:
             own_name = by_escaped.get(attribute.name)
+            if own_name is not None and attribute.name != escape_local_name(own_name) and (
+                escape_local_name(own_name) in present
+            ):
+                own_name = None  # an old alias next to the current name: the current one wins
             if own_name is None:
                 coordinator.unused_attributes.setdefault(self._proto_id, []).append(
                     attribute.name

@@ -15,7 +15,7 @@ sits in ``trackpoint.checkpoint`` and this layer never reads files.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from trackpoint.errors import InvalidArgumentError
@@ -268,6 +268,16 @@ class Trackable:
         ``{slice_spec: array}`` for a partitioned value, or a zero-argument callable that
         returns one; a callable is called exactly once per save (semantics G2).
         The default saves nothing.
+        """
+        return {}
+
+    def _tensor_name_aliases(self) -> Mapping[str, Sequence[str]]:
+        """Other attribute names each value may have been saved under (semantics G3).
+
+        An object that renamed a value (say ``"table"`` became ``"table-keys"``) lists the old
+        name here, ``{"table-keys": ["table"]}``, and keeps reading checkpoints written before
+        the rename; old code that lists the new name reads newer checkpoints. Saving always
+        uses the current name. The default has no aliases.
         """
         return {}
 
