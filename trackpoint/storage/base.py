@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import posixpath
 from abc import ABC, abstractmethod
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-__all__ = ["RangeReader", "Storage"]
+from trackpoint.errors import InvalidArgumentError
+
+__all__ = ["RangeReader", "Storage", "write_view"]
 
 
 class RangeReader(ABC):
@@ -156,3 +158,24 @@ class Storage(ABC):
             self.remove(tmp, missing_ok=True)
             raise
         self.sync_dir(self.dirname(path) or ".")
+
+
+def write_view(data: Any, name: str, *, closed: bool) -> memoryview:
+    """The bytes of ``data`` as a flat memoryview, without a copy, for a file's ``write``.
+
+    Every backend's file object checks its input here, so they all refuse the same things.
+
+    Raises:
+        ValueError: the file is closed (as ``io`` files do).
+        InvalidArgumentError: ``data`` is not C-contiguous (copying it silently would hide a
+            needless copy of a large tensor).
+    """
+    if closed:
+        raise ValueError(f"write to closed file {name}")
+    view = memoryview(data)
+    if not view.c_contiguous:
+        raise InvalidArgumentError(
+            f"write to {name} needs a C-contiguous buffer; make the array contiguous",
+            path=name,
+        )
+    return view.cast("B")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from trackpoint.errors import CheckpointError, DataLossError, InvalidArgumentError, NotFoundError
 from trackpoint.storage._errors import map_os_error
-from trackpoint.storage.base import RangeReader, Storage
+from trackpoint.storage.base import RangeReader, Storage, write_view
 
 if TYPE_CHECKING:
     from collections.abc import Buffer
@@ -54,15 +54,7 @@ class FsspecFile(io.BufferedIOBase):
         return int(self._file.tell())
 
     def write(self, data: Buffer) -> int:  # type: ignore[override]
-        if self.closed:
-            raise ValueError(f"write to closed file {self.name}")
-        view = memoryview(data)
-        if not view.c_contiguous:
-            raise InvalidArgumentError(
-                f"write to {self.name} needs a C-contiguous buffer; make the array contiguous",
-                path=self.name,
-            )
-        view = view.cast("B")
+        view = write_view(data, self.name, closed=self.closed)
         try:
             self._file.write(view)
         except OSError as exc:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 
 from trackpoint.errors import DataLossError, InvalidArgumentError
 from trackpoint.storage._errors import map_os_error
-from trackpoint.storage.base import RangeReader, Storage
+from trackpoint.storage.base import RangeReader, Storage, write_view
 
 if TYPE_CHECKING:
     from collections.abc import Buffer
@@ -63,15 +63,7 @@ class LocalFile(io.BufferedIOBase):
         return self._position
 
     def write(self, data: Buffer) -> int:  # type: ignore[override]
-        if self.closed:
-            raise ValueError(f"write to closed file {self.name}")
-        view = memoryview(data)
-        if not view.c_contiguous:
-            raise InvalidArgumentError(
-                f"write to {self.name} needs a C-contiguous buffer; make the array contiguous",
-                path=self.name,
-            )
-        view = view.cast("B")
+        view = write_view(data, self.name, closed=self.closed)
         n = view.nbytes
         if len(self._buffer) + n <= _BUFFER_SIZE:
             self._buffer += view

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 
 from trackpoint.errors import DataLossError, InvalidArgumentError, NotFoundError
 from trackpoint.storage._errors import map_os_error
-from trackpoint.storage.base import RangeReader, Storage
+from trackpoint.storage.base import RangeReader, Storage, write_view
 
 if TYPE_CHECKING:
     from collections.abc import Buffer
@@ -71,15 +71,7 @@ class _MemoryFile(io.BufferedIOBase):
         return len(self._content)
 
     def write(self, data: Buffer) -> int:  # type: ignore[override]
-        if self.closed:
-            raise ValueError(f"write to closed file {self.name}")
-        view = memoryview(data)
-        if not view.c_contiguous:
-            raise InvalidArgumentError(
-                f"write to {self.name} needs a C-contiguous buffer; make the array contiguous",
-                path=self.name,
-            )
-        view = view.cast("B")
+        view = write_view(data, self.name, closed=self.closed)
         self._storage._fault("write", self.name)
         self._storage._append(self.name, self._content, view)
         return view.nbytes
