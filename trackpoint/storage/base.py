@@ -17,7 +17,7 @@ import posixpath
 from abc import ABC, abstractmethod
 from typing import Any, BinaryIO
 
-from trackpoint.errors import InvalidArgumentError
+from trackpoint.errors import DataLossError, InvalidArgumentError
 
 __all__ = ["RangeReader", "Storage", "write_view"]
 
@@ -44,6 +44,25 @@ class RangeReader(ABC):
             DataLossError: the file is shorter than ``offset + length``
                 (message: "Requested N bytes but read M").
         """
+
+    def check_range(self, offset: int, length: int) -> None:
+        """Raise the errors ``read`` documents for a request outside ``[0, size)``.
+
+        Raises:
+            InvalidArgumentError: a negative offset or length.
+            DataLossError: the file ends before ``offset + length`` (it is truncated).
+        """
+        if offset < 0 or length < 0:
+            raise InvalidArgumentError(
+                f"invalid read of {length} bytes at offset {offset} in {self.path}", path=self.path
+            )
+        if offset + length > self.size:
+            got = max(0, self.size - offset)
+            raise DataLossError(
+                f"Requested {length} bytes but read {got} at offset {offset} in {self.path} "
+                f"(file size {self.size}); the file is truncated",
+                path=self.path,
+            )
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the file (unmap, close handles)."""

@@ -106,19 +106,9 @@ class FsspecRangeReader(RangeReader):
 
     def read(self, offset: int, length: int) -> memoryview:
         # docstring inherited
-        if offset < 0 or length < 0:
-            raise InvalidArgumentError(
-                f"invalid read of {length} bytes at offset {offset} in {self.path}", path=self.path
-            )
+        self.check_range(offset, length)
         if length == 0:
             return memoryview(b"")
-        if offset + length > self._size:
-            got = max(0, self._size - offset)
-            raise DataLossError(
-                f"Requested {length} bytes but read {got} at offset {offset} in {self.path} "
-                f"(object size {self._size}); the object is truncated",
-                path=self.path,
-            )
         try:
             data = self._fs.cat_file(self.path, start=offset, end=offset + length)
         except OSError as exc:

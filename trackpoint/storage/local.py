@@ -13,7 +13,6 @@ import os
 import shutil
 from typing import TYPE_CHECKING, BinaryIO, cast
 
-from trackpoint.errors import DataLossError, InvalidArgumentError
 from trackpoint.storage._errors import map_os_error
 from trackpoint.storage.base import RangeReader, Storage, write_view
 
@@ -145,18 +144,8 @@ class LocalRangeReader(RangeReader):
 
     def read(self, offset: int, length: int) -> memoryview:
         # docstring inherited
-        if offset < 0 or length < 0:
-            raise InvalidArgumentError(
-                f"invalid read of {length} bytes at offset {offset} in {self.path}", path=self.path
-            )
+        self.check_range(offset, length)
         end = offset + length
-        if end > self._size:
-            got = max(0, self._size - offset)
-            raise DataLossError(
-                f"Requested {length} bytes but read {got} at offset {offset} in {self.path} "
-                f"(file size {self._size}); the file is truncated",
-                path=self.path,
-            )
         return self._view[offset:end]
 
     def close(self) -> None:

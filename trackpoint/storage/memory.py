@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO, cast
 
-from trackpoint.errors import DataLossError, InvalidArgumentError, NotFoundError
+from trackpoint.errors import InvalidArgumentError, NotFoundError
 from trackpoint.storage._errors import map_os_error
 from trackpoint.storage.base import RangeReader, Storage, write_view
 
@@ -97,18 +97,8 @@ class _MemoryRangeReader(RangeReader):
         return self._view.nbytes
 
     def read(self, offset: int, length: int) -> memoryview:
-        if offset < 0 or length < 0:
-            raise InvalidArgumentError(
-                f"invalid read of {length} bytes at offset {offset} in {self.path}", path=self.path
-            )
         self._storage._fault("read", self.path)
-        if offset + length > self._view.nbytes:
-            got = max(0, self._view.nbytes - offset)
-            raise DataLossError(
-                f"Requested {length} bytes but read {got} at offset {offset} in {self.path} "
-                f"(file size {self._view.nbytes}); the file is truncated",
-                path=self.path,
-            )
+        self.check_range(offset, length)
         return self._view[offset : offset + length]
 
 
