@@ -162,6 +162,26 @@ class StorageTests:
             assert storage.read_bytes(path) == b"new"
         assert storage.list(root) == ["state"]
 
+    def test_open_atomic_streams_and_an_error_leaves_no_part_file(
+        self, storage: Storage, root: str
+    ) -> None:
+        path = storage.join(root, "export.bin")
+        with storage.open_atomic(path) as out:
+            out.write(b"first ")
+            out.write(b"second")
+        assert storage.read_bytes(path) == b"first second"
+        other = storage.join(root, "broken.bin")
+
+        def write_half() -> None:
+            with storage.open_atomic(other) as out:
+                out.write(b"half")
+                raise RuntimeError("mid-write")
+
+        with pytest.raises(RuntimeError, match="mid-write"):
+            write_half()
+        assert not storage.exists(other)
+        assert storage.list(root) == ["export.bin"]
+
     # -- directories --------------------------------------------------------------------
     def test_makedirs_list_and_remove_tree(self, storage: Storage, root: str) -> None:
         sub = storage.join(root, "a", "b")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import logging
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -292,18 +291,9 @@ def _write_torch(path: str, values: list[tuple[str, np.ndarray]]) -> None:
     parent = storage.dirname(path)
     if parent:
         storage.makedirs(parent)
-    # Stream into a temporary file renamed into place: the file appears whole or not at all.
-    target = f"{path}.tmp{uuid.uuid4().hex}" if storage.supports_atomic_rename else path
-    try:
-        with storage.open_write(target) as out:
-            torch.save(state, out)
-        if target != path:
-            storage.replace(target, path)
-            storage.sync_dir(parent or ".")
-    except BaseException:
-        if target != path:
-            storage.remove(target, missing_ok=True)
-        raise
+    # The file appears whole or not at all.
+    with storage.open_atomic(path) as out:
+        torch.save(state, out)
 
 
 # -- the conversion --------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import struct
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -185,22 +184,13 @@ def write_safetensors(
     parent = storage.dirname(path)
     if parent:
         storage.makedirs(parent)
-    target = f"{path}.tmp{uuid.uuid4().hex}" if storage.supports_atomic_rename else path
-    try:
-        with storage.open_write(target) as out:
-            out.write(struct.pack("<Q", len(encoded)))
-            out.write(encoded)
-            for _, array in items:
-                little = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else None
-                contiguous = np.require(array, dtype=little, requirements="C")
-                out.write(memoryview(contiguous.reshape(-1).view(np.uint8)))
-                if progress is not None:
-                    progress(int(contiguous.nbytes))
-        if target != path:
-            storage.replace(target, path)
-            storage.sync_dir(storage.dirname(path) or ".")
-    except BaseException:
-        if target != path:
-            storage.remove(target, missing_ok=True)
-        raise
+    with storage.open_atomic(path) as out:
+        out.write(struct.pack("<Q", len(encoded)))
+        out.write(encoded)
+        for _, array in items:
+            little = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else None
+            contiguous = np.require(array, dtype=little, requirements="C")
+            out.write(memoryview(contiguous.reshape(-1).view(np.uint8)))
+            if progress is not None:
+                progress(int(contiguous.nbytes))
     return offset

@@ -14,7 +14,10 @@ Implementations map backend errors to :mod:`trackpoint.errors` types at this bou
 from __future__ import annotations
 
 import posixpath
+import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from trackpoint.errors import DataLossError, InvalidArgumentError
@@ -159,19 +162,30 @@ class Storage(ABC):
             f.write(data)
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        """Replace ``path`` with ``data`` so readers see the old or the new file, never half.
+        """Replace ``path`` with ``data`` so readers see the old or the new file, never half."""
+        with self.open_atomic(path) as out:
+            out.write(data)
 
-        Uses a temporary name and ``replace`` where renames are atomic; object stores write
-        whole objects atomically already.
+    @contextmanager
+    def open_atomic(self, path: str) -> Iterator[BinaryIO]:
+        """A file to stream into that appears at ``path`` whole, or not at all.
+
+        Uses a temporary name and ``replace`` where renames are atomic (the temporary file is
+        removed if the block raises). Object stores upload whole objects already; there an
+        object cut short by an error is removed (an older object at ``path`` goes with it).
         """
         if not self.supports_atomic_rename:
-            self.write_bytes(path, data)
+            try:
+                with self.open_write(path) as out:
+                    yield out
+            except BaseException:
+                self.remove(path, missing_ok=True)
+                raise
             return
-        import uuid
-
         tmp = f"{path}.tmp{uuid.uuid4().hex}"
         try:
-            self.write_bytes(tmp, data)
+            with self.open_write(tmp) as out:
+                yield out
             self.replace(tmp, path)
         except BaseException:
             self.remove(tmp, missing_ok=True)
