@@ -92,26 +92,95 @@ def test_timed_records_completed_blocks_only(registry: Registry) -> None:
     assert snap[metrics.READ_DURATION] == {}
 
 
-def test_training_time_between_writes(registry: Registry) -> None:
-    registry.mark_write_start()  # first write: nothing to measure
-    assert registry.snapshot()[metrics.TRAINING_TIME_BETWEEN_WRITES] == {}
-    registry.mark_write_end()
-    registry.mark_write_start()
-    registry.mark_write_end()
-    registry.mark_write_start()
-    result = registry.snapshot()[metrics.TRAINING_TIME_BETWEEN_WRITES][()]
-    assert result["count"] == 2
-    assert result["min"] >= 0
+def _stats(mode: str = "sync", **overrides: object) -> metrics.WriteStats:
+    fields: dict[str, object] = {
+        "prefix": "/ckpt/ckpt-1", "mode": mode, "blocking_seconds": 0.2,
+        "background_seconds": 1.5 if mode == "async" else 0.0, "training_seconds": None,
+        "checkpoint_bytes": 3000, "shard_bytes": (1000, 1500),
+        "sharding_policy": "ShardByTaskPolicy", "sharding_seconds": 0.001,
+    }  # fmt: skip
+    fields.update(overrides)
+    return metrics.WriteStats(**fields)  # type: ignore[arg-type]
+
+
+def test_record_write_records_every_figure_once(registry: Registry) -> None:
+    registry.record_write(_stats("sync"))
+    registry.record_write(_stats("async", training_seconds=4.0, shard_bytes=(2000,)))
+    snap = registry.snapshot()
+    durations = snap[metrics.WRITE_DURATION]
+    assert set(durations) == {
+        (("mode", "sync"), ("phase", "blocking")),
+        (("mode", "async"), ("phase", "blocking")),
+        (("mode", "async"), ("phase", "background")),
+    }
+    assert durations[(("mode", "async"), ("phase", "background"))]["sum"] == 1.5
+    assert snap[metrics.CHECKPOINT_SIZE][()]["count"] == 2
+    assert snap[metrics.SHARDS_WRITTEN] == {(): 3}
+    assert snap[metrics.BYTES_WRITTEN] == {(): 6000}
+    assert snap[metrics.TRAINING_TIME_BETWEEN_WRITES][()]["sum"] == 4.0  # first write: none
+    policy = snap[metrics.SHARDING_POLICY_DURATION][(("policy", "ShardByTaskPolicy"),)]
+    assert policy["count"] == 2
+
+
+def test_record_write_rejects_bad_stats_and_records_nothing(registry: Registry) -> None:
+    with pytest.raises(InvalidArgumentError, match="'sync' or 'async'"):
+        registry.record_write(_stats("eager"))
+    with pytest.raises(InvalidArgumentError, match="must be >= 0"):
+        registry.record_write(_stats(blocking_seconds=-1.0))
+    assert all(value == {} for value in registry.snapshot().values())
+
+
+def test_training_clock_restarts_when_the_caller_stops_waiting(registry: Registry) -> None:
+    first = registry.begin_write()
+    assert first.training_seconds is None  # nothing before the first write
+    registry.record_write(_stats("sync"))  # a sync write ends at its commit
+    second = registry.begin_write()
+    assert second.training_seconds is not None and second.training_seconds >= 0
+    handed_off = registry.end_blocking(second)  # async: training resumes at the hand-off
+    assert handed_off.started == second.started
+    assert handed_off.blocking_seconds is not None and handed_off.blocking_seconds >= 0
+    third = registry.begin_write()
+    # The async write has not committed, yet the clock counts from its hand-off.
+    assert third.training_seconds is not None
+    assert third.training_seconds <= third.started - second.started
+    registry.reset()
+    assert registry.begin_write().training_seconds is None
 
 
 def test_reset_forgets_values(registry: Registry) -> None:
     registry.increment(metrics.BYTES_READ, 5)
-    registry.mark_write_end()
+    registry.record_write(_stats())
     registry.reset()
-    registry.mark_write_start()
-    snap = registry.snapshot()
-    assert snap[metrics.BYTES_READ] == {}
-    assert snap[metrics.TRAINING_TIME_BETWEEN_WRITES] == {}
+    assert all(value == {} for value in registry.snapshot().values())
+    assert registry.begin_write().training_seconds is None
+
+
+def test_listeners_get_each_recording_and_never_break_it(
+    registry: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry.increment(metrics.BYTES_READ, 7)
+    seen: list[tuple[str, float, object]] = []
+
+    def listener(figure: Figure, value: float, key: object) -> None:
+        seen.append((figure.name, value, key))
+
+    def broken(figure: Figure, value: float, key: object) -> None:
+        raise RuntimeError("exporter down")
+
+    registry.add_listener(listener, replay_counters=True)
+    registry.add_listener(broken)
+    registry.record_duration(metrics.READ_DURATION, 0.5)
+    registry.increment(metrics.BYTES_READ, 3)
+    assert seen == [
+        (metrics.BYTES_READ, 7, ()),  # replayed total
+        (metrics.READ_DURATION, 0.5, ()),
+        (metrics.BYTES_READ, 3, ()),
+    ]
+    assert "exporter down" in caplog.text
+    registry.remove_listener(listener)
+    registry.increment(metrics.BYTES_READ, 1)
+    assert len(seen) == 3
+    assert registry.snapshot()[metrics.BYTES_READ] == {(): 11}
 
 
 @pytest.mark.parametrize(
@@ -219,51 +288,64 @@ def test_prometheus_exposition(registry: Registry) -> None:
     assert target.get_sample_value("trackpoint_bytes_written_total") == 4100
     target.unregister(collector)
     assert "trackpoint_" not in prometheus_client.generate_latest(target).decode()
+    assert registry.register_prometheus(target) is collector  # registered again
+    assert target.get_sample_value("trackpoint_bytes_written_total") == 4100
 
 
-def _otel_points(reader: object) -> dict[str, list[tuple[dict[str, object], float]]]:
+def _otel_points(reader: object) -> dict[str, list[object]]:
     data = reader.get_metrics_data()  # type: ignore[attr-defined]
-    points: dict[str, list[tuple[dict[str, object], float]]] = {}
+    points: dict[str, list[object]] = {}
     for resource_metrics in data.resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:
+            assert scope_metrics.scope.name == "trackpoint"
             for metric in scope_metrics.metrics:
-                points[metric.name] = [
-                    (dict(p.attributes), p.value) for p in metric.data.data_points
-                ]
+                points[metric.name] = list(metric.data.data_points)
     return points
 
 
-def test_opentelemetry_instruments(registry: Registry) -> None:
+def test_opentelemetry_one_instrument_per_figure(registry: Registry) -> None:
     pytest.importorskip("opentelemetry.sdk")
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
-    registry.increment(metrics.BYTES_READ, 10)  # before registration: still exported
+    registry.increment(metrics.BYTES_READ, 10)  # before registration: the total carries over
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
-    meter = registry.register_opentelemetry(provider)
-    assert registry.register_opentelemetry(provider) is meter  # idempotent
+    exporter = registry.register_opentelemetry(provider)
+    assert registry.register_opentelemetry(provider) is exporter  # idempotent
     registry.increment(metrics.BYTES_READ, 5)
     registry.record_duration(metrics.WRITE_DURATION, 2.0, mode="async", phase="background")
     registry.record_duration(metrics.WRITE_DURATION, 4.0, mode="async", phase="background")
+    gauge = Figure("trackpoint_test_pending", "gauge", "Saves pending")
+    registry.declare(gauge)  # declared after registration: exported too
+    registry.set_gauge(gauge.name, 1)
 
     points = _otel_points(reader)
-    assert points[metrics.BYTES_READ] == [({}, 15)]
-    labels = {"mode": "async", "phase": "background"}
-    assert points[f"{metrics.WRITE_DURATION}_count"] == [(labels, 2)]
-    assert points[f"{metrics.WRITE_DURATION}_sum"] == [(labels, 6.0)]
-    buckets = {attrs["le"]: value for attrs, value in points[f"{metrics.WRITE_DURATION}_bucket"]}
-    assert buckets["1.0"] == 0
-    assert buckets["2.5"] == 1
-    assert buckets["5.0"] == 2
-    assert buckets["+Inf"] == 2
+    assert [(dict(p.attributes), p.value) for p in points[metrics.BYTES_READ]] == [({}, 15)]
+    assert [p.value for p in points[gauge.name]] == [1]
+    (histogram,) = points[metrics.WRITE_DURATION]
+    assert isinstance(histogram, HistogramDataPoint)
+    assert dict(histogram.attributes) == {"mode": "async", "phase": "background"}
+    assert (histogram.count, histogram.sum, histogram.min, histogram.max) == (2, 6.0, 2.0, 4.0)
+    assert tuple(histogram.explicit_bounds) == metrics.SECONDS_BUCKETS  # our buckets
+    per_bucket = dict(zip([*histogram.explicit_bounds, math.inf], histogram.bucket_counts))
+    assert per_bucket[2.5] == 1 and per_bucket[5.0] == 1  # non-cumulative in OpenTelemetry
+    assert sum(histogram.bucket_counts) == 2
+
+    exporter.close()  # stops passing recordings on
+    registry.increment(metrics.BYTES_READ, 100)
+    assert [p.value for p in _otel_points(reader)[metrics.BYTES_READ]] == [15]
+    assert registry.register_opentelemetry(provider) is exporter  # resumes, no replay
+    registry.increment(metrics.BYTES_READ, 1)
+    assert [p.value for p in _otel_points(reader)[metrics.BYTES_READ]] == [16]
     provider.shutdown()
 
 
 def test_import_loads_no_exporter() -> None:
     code = (
-        "import sys, trackpoint.metrics; "
-        "print([m for m in ('prometheus_client', 'opentelemetry') if m in sys.modules])"
+        "import sys, trackpoint; "
+        "print([m for m in ('prometheus_client', 'opentelemetry', 'trackpoint._metrics_export', "
+        "'trackpoint.cli.progress') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

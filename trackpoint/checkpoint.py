@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
-import posixpath
+import time
 import weakref
 from typing import Any
 
 import numpy as np
 
+from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
 from trackpoint.bundle.checkpoint_reader import CheckpointReader
 from trackpoint.errors import InvalidArgumentError, NotFoundError
@@ -29,9 +29,16 @@ from trackpoint.saving import (
     AsyncWriter,
     CheckpointOptions,
     MultiDeviceSaver,
+    ProgressEvent,
     get_registered_saver_name,
 )
-from trackpoint.state_file import checkpoint_exists, latest_checkpoint, write_checkpoint_state
+from trackpoint.state_file import (
+    checkpoint_directory,
+    checkpoint_exists,
+    latest_checkpoint,
+    write_checkpoint_state,
+)
+from trackpoint.storage import Storage
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.autotrackable import AutoTrackable
 from trackpoint.tracking.base import Trackable, TrackableReference
@@ -55,31 +62,24 @@ def _as_trackable(value: Any, name: str) -> Trackable:
     return trackable
 
 
-def _options(options: CheckpointOptions | None) -> CheckpointOptions:
-    if options is None:
-        return CheckpointOptions()
-    if not isinstance(options, CheckpointOptions):
-        raise InvalidArgumentError(
-            f"options must be a tp.CheckpointOptions, got {type(options).__name__}"
-        )
-    return options
+def _restored_event(prefix: str, seconds: float, sizes: dict[str, int]) -> ProgressEvent:
+    """The last progress event of a read: its figures, from ``BundleReader.file_sizes()``."""
+    shard_bytes = tuple(sizes[path] for path in sizes if not path.endswith(".index"))
+    stats = metrics.ReadStats(prefix, seconds, sum(sizes.values()), shard_bytes)
+    data = sum(shard_bytes)
+    shards = len(shard_bytes)
+    return ProgressEvent(prefix, "restored", shards, shards, data, data, stats=stats)
 
 
-def _dirname(prefix: str) -> str:
-    if "://" in prefix:
-        return posixpath.dirname(prefix)
-    return os.path.dirname(prefix) or "."
-
-
-def _resolve_prefix(path: str) -> str:
+def _resolve_prefix(path: str, storage: Storage | None = None) -> str:
     """``path`` itself if it is a checkpoint, else the latest checkpoint of directory ``path``.
 
     Raises:
         NotFoundError: neither, with a hint at the ``-N`` suffix ``save()`` appends.
     """
-    if checkpoint_exists(path):
+    if checkpoint_exists(path, storage=storage):
         return path
-    latest = latest_checkpoint(path)
+    latest = latest_checkpoint(path, storage=storage)
     if latest is not None:
         return latest
     raise NotFoundError(
@@ -167,6 +167,15 @@ class Checkpoint(AutoTrackable):
                 object.__setattr__(copied, name, copy.deepcopy(value, memo))
         return copied
 
+    @property
+    def object_graph_view(self) -> ObjectGraphView:
+        """The object graph this Checkpoint saves: its root plus the attached children.
+
+        For savers layered on top of ``Checkpoint`` (``trackpoint.distributed``) that gather the
+        same values with :func:`trackpoint.graph.serialize_graph` and write them their own way.
+        """
+        return self._self_view  # type: ignore[no-any-return]
+
     # -- save counter ------------------------------------------------------------------------
 
     @property
@@ -215,9 +224,10 @@ class Checkpoint(AutoTrackable):
             NotImplementedError: a ``NotTrackable`` object is reachable.
             CheckpointError: writing failed; nothing was committed.
         """
-        return self._write(fspath(prefix), _options(options))
+        return self._write(fspath(prefix), CheckpointOptions.resolve(options))
 
     def _write(self, prefix: str, options: CheckpointOptions) -> str:
+        timing = metrics.begin_write()  # the training loop's wait starts here
         graph = serialize_graph(self._self_view, registered_saver_for=get_registered_saver_name)
         saver = MultiDeviceSaver(graph.tensors, graph.registered_savers)
         async_writer: AsyncWriter | None = self._self_async
@@ -226,10 +236,10 @@ class Checkpoint(AutoTrackable):
                 async_writer = AsyncWriter()
                 object.__setattr__(self, "_self_async", async_writer)
             # Snapshot now, write in the background; a failed earlier write is raised here.
-            return async_writer.save(saver, prefix, options)
+            return async_writer.save(saver, prefix, options, timing=timing)
         if async_writer is not None:
             async_writer.sync()  # keep saves in order: a sync save after async ones waits
-        return saver.save(prefix, options)
+        return saver.save(prefix, options, timing=timing)
 
     def save(self, prefix: PathLike, options: CheckpointOptions | None = None) -> str:
         """Increment ``save_counter`` and write ``<prefix>-<counter>``; update the state file.
@@ -244,7 +254,7 @@ class Checkpoint(AutoTrackable):
         Raises:
             Same as :meth:`write`.
         """
-        options = _options(options)
+        options = CheckpointOptions.resolve(options)
         prefix_str = fspath(prefix)
         counter = self.save_counter
         number = int(counter.numpy()) + 1
@@ -252,7 +262,7 @@ class Checkpoint(AutoTrackable):
         path = f"{prefix_str}-{number}"
 
         def update_state_file() -> None:
-            write_checkpoint_state(_dirname(path), path, [path])
+            write_checkpoint_state(checkpoint_directory(path), path, [path])
 
         options = dataclasses.replace(
             options, write_callbacks=(*options.write_callbacks, update_state_file)
@@ -288,13 +298,14 @@ class Checkpoint(AutoTrackable):
                 object graph.
             DataLossError: the files are damaged.
         """
-        options = _options(options)
+        options = CheckpointOptions.resolve(options)
         self.sync()
-        prefix = _resolve_prefix(fspath(path))
-        with CheckpointReader(prefix) as reader:
+        started = time.perf_counter()
+        prefix = _resolve_prefix(fspath(path), options.storage)
+        with CheckpointReader(prefix, storage=options.storage) as reader:
             proto = reader.object_graph()
-            shapes = {k: tuple(v) for k, v in reader.get_variable_to_shape_map().items()}
-            dtypes = reader.get_variable_to_dtype_map()
+            # Only a progress callback needs the file sizes (a stat per file).
+            sizes = reader.bundle.file_sizes() if options.progress is not None else None
         if proto is None or not proto.nodes:
             raise InvalidArgumentError(
                 f"the checkpoint {prefix} has no object graph ({OBJECT_GRAPH_PROTO_KEY}): it "
@@ -302,11 +313,16 @@ class Checkpoint(AutoTrackable):
                 "tp.load_checkpoint() instead.",
                 path=prefix,
             )
-        coordinator = RestoreCoordinator(proto, prefix, options, shapes, dtypes)
+        # The parsed index is reused by every read of this load (deferred ones too).
+        coordinator = RestoreCoordinator(proto, prefix, options, index=reader.bundle)
         view: ObjectGraphView = self._self_view
         root = view.root
         children = {ref.name: ref.ref for ref in view.list_children(root)}
         CheckpointPosition(coordinator, 0).restore(root, children)
+        seconds = time.perf_counter() - started
+        metrics.record_duration(metrics.READ_DURATION, seconds)
+        if sizes is not None and options.progress is not None:
+            options.progress(_restored_event(prefix, seconds, sizes))
         return CheckpointLoadStatus(coordinator, view, options)
 
     def restore(

@@ -26,9 +26,11 @@ from typing import Any
 from trackpoint._types import PathLike, fspath
 from trackpoint.bundle.checkpoint_reader import OBJECT_GRAPH_PROTO_KEY, CheckpointReader
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
+from trackpoint.bundle.table import encode_varint
 from trackpoint.errors import InvalidArgumentError, NotFoundError
 from trackpoint.tracking.adapters import to_trackable
-from trackpoint.tracking.base import NotTrackable, Trackable, TrackableReference, has_values
+from trackpoint.tracking.base import NotTrackable, Trackable, TrackableReference
+from trackpoint.tracking.base import has_values as has_values_of
 from trackpoint.tracking.python_state import string_scalar
 from trackpoint.tracking.slots import SlotOwner
 from trackpoint.tracking.variable import Variable
@@ -84,6 +86,14 @@ def readable_path(path: Sequence[TrackableReference]) -> str:
     return ".".join(["(root)", *(ref.name for ref in path)])
 
 
+def _deepcopy_ref(obj: Any, memo: dict[int, Any]) -> Any:
+    """A deep copy of ``obj``; of its referent for a live weakref, kept weak."""
+    if isinstance(obj, weakref.ref):
+        strong = obj()
+        return weakref.ref(copy.deepcopy(strong, memo)) if strong is not None else obj
+    return copy.deepcopy(obj, memo)
+
+
 class ObjectGraphView:
     """The object graph seen from ``root``, plus dependencies attached to the root from outside.
 
@@ -127,24 +137,12 @@ class ObjectGraphView:
         return self._attached
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ObjectGraphView:
-        root: Any = self._root
-        if isinstance(root, weakref.ref):
-            strong = root()
-            root = weakref.ref(copy.deepcopy(strong, memo)) if strong is not None else root
-        else:
-            root = copy.deepcopy(root, memo)
         copied = ObjectGraphView.__new__(ObjectGraphView)
         memo[id(self)] = copied
-        copied._root = root
-        attached = []
-        for ref in self._attached:
-            child: Any = ref.ref
-            if isinstance(child, weakref.ref):
-                strong = child()
-                child = weakref.ref(copy.deepcopy(strong, memo)) if strong is not None else child
-            else:
-                child = copy.deepcopy(child, memo)
-            attached.append(TrackableReference(ref.name, child))
+        copied._root = _deepcopy_ref(self._root, memo)
+        attached = [
+            TrackableReference(ref.name, _deepcopy_ref(ref.ref, memo)) for ref in self._attached
+        ]
         copied._attached = attached
         return copied
 
@@ -174,19 +172,40 @@ class ObjectGraphView:
         self,
     ) -> tuple[list[Trackable], dict[int, tuple[TrackableReference, ...]]]:
         """Every reachable object in node order, and its path by ``id()``."""
+        traversal = self._traverse()
+        return traversal.objects, traversal.paths
+
+    def _traverse(self) -> _Traversal:
+        """The breadth-first walk, keeping each object's children and object path string."""
         root = self.root
         objects = [root]
         paths: dict[int, tuple[TrackableReference, ...]] = {id(root): ()}
+        names: dict[int, str] = {id(root): ""}
+        children: list[list[TrackableReference]] = []
         queue = collections.deque([root])
         while queue:
             current = queue.popleft()
+            refs = self.list_children(current)
+            children.append(refs)
             base_path = paths[id(current)]
-            for ref in self.list_children(current):
-                if id(ref.ref) not in paths:
-                    paths[id(ref.ref)] = (*base_path, ref)
-                    objects.append(ref.ref)
-                    queue.append(ref.ref)
-        return objects, paths
+            base_name = names[id(current)]
+            for ref in refs:
+                child = ref.ref
+                if id(child) not in paths:
+                    paths[id(child)] = (*base_path, ref)
+                    escaped = escape_local_name(ref.name)
+                    names[id(child)] = f"{base_name}/{escaped}" if base_name else escaped
+                    objects.append(child)
+                    queue.append(child)
+        return _Traversal(objects, paths, names, children)
+
+
+@dataclass(slots=True)
+class _Traversal:
+    objects: list[Trackable]
+    paths: dict[int, tuple[TrackableReference, ...]]
+    names: dict[int, str]  # object path strings (object_path_to_string of the path)
+    children: list[list[TrackableReference]]  # of objects[i], for the non-slot objects
 
 
 class TensorsByTrackable:
@@ -217,14 +236,19 @@ class TensorsByTrackable:
 class SerializedGraph:
     """Everything one save writes, gathered from the live objects."""
 
-    object_graph_proto: TrackableObjectGraph
-    """The graph, ``has_checkpoint_values`` set on every node."""
+    object_graph_bytes: bytes
+    """The serialized ``TrackableObjectGraph`` (what is stored under the object graph key)."""
     tensors: TensorsByTrackable
     """Values by trackable and checkpoint key, the object graph last."""
     registered_savers: dict[str, dict[str, Trackable]]
     """``{saver name: {object path: trackable}}`` for registered savers."""
     objects: tuple[Trackable, ...]
     """Every node's object, by node id."""
+
+    @property
+    def object_graph_proto(self) -> TrackableObjectGraph:
+        """The graph, ``has_checkpoint_values`` set on every node (parsed on each access)."""
+        return TrackableObjectGraph.FromString(self.object_graph_bytes)
 
 
 @dataclass(slots=True)
@@ -233,14 +257,16 @@ class _Walk:
     paths: dict[int, tuple[TrackableReference, ...]]
     names: dict[int, str]
     node_ids: dict[int, int]
-    slot_refs: dict[int, list[_Proto.SlotVariableReference]]
+    children: list[list[TrackableReference]]
+    # optimizer id -> (original variable node id, slot name, slot variable node id)
+    slot_refs: dict[int, list[tuple[int, str, int]]]
 
 
 def _walk(view: ObjectGraphView, *, skip_slot_variables: bool = False) -> _Walk:
-    objects, paths = view.breadth_first_traversal()
-    names = {key: object_path_to_string(path) for key, path in paths.items()}
+    traversal = view._traverse()
+    objects = traversal.objects
     node_ids = {id(obj): i for i, obj in enumerate(objects)}
-    walk = _Walk(objects, paths, names, node_ids, {})
+    walk = _Walk(objects, traversal.paths, traversal.names, node_ids, traversal.children, {})
     if not skip_slot_variables:
         _add_slot_variables(walk)
     return walk
@@ -273,11 +299,7 @@ def _add_slot_variables(walk: _Walk) -> None:
                 walk.node_ids[id(slot)] = len(walk.objects)
                 walk.objects.append(slot)
                 walk.slot_refs.setdefault(id(optimizer), []).append(
-                    _Proto.SlotVariableReference(
-                        original_variable_node_id=variable_id,
-                        slot_name=slot_name,
-                        slot_variable_node_id=walk.node_ids[id(slot)],
-                    )
+                    (variable_id, slot_name, walk.node_ids[id(slot)])
                 )
 
 
@@ -285,23 +307,56 @@ def _full_name(trackable: Trackable) -> str:
     return trackable.name if isinstance(trackable, Variable) else ""
 
 
-def _set_has_checkpoint_values(proto: TrackableObjectGraph) -> None:
-    """True on a node with values, slots or a registered saver, and on all its ancestors."""
-    parents: dict[int, set[int]] = {}
-    marked = set()
-    for node_id, node in enumerate(proto.nodes):
-        if node.attributes or node.slot_variables or node.HasField("registered_saver"):
-            marked.add(node_id)
-        for child in node.children:
-            parents.setdefault(child.node_id, set()).add(node_id)
-    queue = list(marked)
+# -- the object graph's bytes ---------------------------------------------------------------
+# ``TrackableObjectGraph`` serialized by hand, as protobuf does it (fields in number order,
+# empty strings and zero ints left out): building one message per node, child and attribute
+# costs more than the rest of a save of many small tensors. tests/test_graph_encoding.py
+# pins the bytes against protobuf's own serialization.
+_HAS_VALUES = (b"\x2a\x00", b"\x2a\x02\x08\x01")  # BoolValue field 5: false / true
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field (strings, sub-messages)."""
+    return tag + encode_varint(len(payload)) + payload
+
+
+def _string(tag: bytes, text: str) -> bytes:
+    return _field(tag, text.encode("utf-8")) if text else b""
+
+
+def _int(tag: bytes, value: int) -> bytes:
+    return tag + encode_varint(value) if value else b""
+
+
+def _child_ref(node_id: int, local_name: str) -> bytes:
+    return _field(b"\x0a", _int(b"\x08", node_id) + _string(b"\x12", local_name))
+
+
+def _attribute(name: str, full_name: str, key: str) -> bytes:
+    return _field(
+        b"\x12", _string(b"\x0a", name) + _string(b"\x12", full_name) + _string(b"\x1a", key)
+    )
+
+
+def _slot_ref(variable_id: int, slot_name: str, slot_id: int) -> bytes:
+    return _field(
+        b"\x1a", _int(b"\x08", variable_id) + _string(b"\x12", slot_name) + _int(b"\x18", slot_id)
+    )
+
+
+def _has_checkpoint_values(edges: list[list[int]], marked: list[bool]) -> list[bool]:
+    """``marked`` (nodes with values, slots or a registered saver) spread to all ancestors."""
+    parents: dict[int, list[int]] = {}
+    for node_id, child_ids in enumerate(edges):
+        for child in child_ids:
+            parents.setdefault(child, []).append(node_id)
+    queue = [i for i, flag in enumerate(marked) if flag]
     while queue:
         for parent in parents.pop(queue.pop(), ()):
-            if parent not in marked:
-                marked.add(parent)
+            if not marked[parent]:
+                marked[parent] = True
                 queue.append(parent)
-    for node_id, node in enumerate(proto.nodes):
-        node.has_checkpoint_values.value = node_id in marked
+    return marked
 
 
 def serialize_graph(
@@ -309,7 +364,7 @@ def serialize_graph(
     *,
     registered_saver_for: Callable[[Trackable], str | None] | None = None,
 ) -> SerializedGraph:
-    """Gather every node's values and build the object graph proto.
+    """Gather every node's values and build the object graph.
 
     Args:
         view: the graph to save.
@@ -321,42 +376,56 @@ def serialize_graph(
         InvalidArgumentError: a container cannot be saved ("Unable to save", B12).
     """
     walk = _walk(view)
-    proto = TrackableObjectGraph()
     tensors = TensorsByTrackable()
     registered: dict[str, dict[str, Trackable]] = {}
-    for obj in walk.objects:
-        path = walk.paths.get(id(obj))
+    bodies: list[bytes] = []  # each node's fields 1-4
+    edges: list[list[int]] = []
+    marked: list[bool] = []
+    node_ids, names, children = walk.node_ids, walk.names, walk.children
+    for index, obj in enumerate(walk.objects):
         if isinstance(obj, NotTrackable):
-            where = readable_path(path) if path is not None else walk.names[id(obj)]
+            path = walk.paths.get(id(obj))
+            where = readable_path(path) if path is not None else names[id(obj)]
             raise NotImplementedError(
                 f"{where} is a {type(obj).__name__}, which opted out of checkpointing "
                 "(NotTrackable); keep it out of the object graph (assign it through "
                 "NoDependency) to save this checkpoint"
             )
-        node = proto.nodes.add()
-        for ref in view.list_children(obj):
-            node.children.add(node_id=walk.node_ids[id(ref.ref)], local_name=ref.name)
-        node.slot_variables.extend(walk.slot_refs.get(id(obj), ()))
-        object_name = walk.names[id(obj)]
+        refs = children[index] if index < len(children) else []
+        child_ids = [node_ids[id(ref.ref)] for ref in refs]
+        parts = [_child_ref(i, ref.name) for i, ref in zip(child_ids, refs)]
+        slots = walk.slot_refs.get(id(obj), ())
+        parts += [_slot_ref(*slot) for slot in slots]  # field 3 follows the attributes
+        object_name = names[id(obj)]
         saver_name = registered_saver_for(obj) if registered_saver_for is not None else None
+        has_values = False
         if saver_name:
             registered.setdefault(saver_name, {})[object_name] = obj
-            node.registered_saver.name = saver_name
-            node.registered_saver.object_name = object_name
-            continue
-        if not has_values(obj):
-            continue
-        values: dict[str, Any] = {}
-        for value_name, value in obj._serialize_to_tensors().items():
-            key = checkpoint_key(object_name, value_name)
-            node.attributes.add(
-                name=escape_local_name(value_name), checkpoint_key=key, full_name=_full_name(obj)
+            parts.append(
+                _field(b"\x22", _string(b"\x0a", saver_name) + _string(b"\x12", object_name))
             )
-            values[key] = value
-        tensors.add(obj, values)
-    _set_has_checkpoint_values(proto)
-    tensors.add(None, {OBJECT_GRAPH_PROTO_KEY: string_scalar(proto.SerializeToString())})
-    return SerializedGraph(proto, tensors, registered, tuple(walk.objects))
+            has_values = True
+        elif has_values_of(obj):
+            values: dict[str, Any] = {}
+            full_name = _full_name(obj)
+            attributes = []
+            for value_name, value in obj._serialize_to_tensors().items():
+                key = checkpoint_key(object_name, value_name)
+                attributes.append(_attribute(escape_local_name(value_name), full_name, key))
+                values[key] = value
+            tensors.add(obj, values)
+            has_values = bool(attributes)
+            # Field order: children (1), attributes (2), slot variables (3).
+            parts[len(refs) : len(refs)] = attributes
+        bodies.append(b"".join(parts))
+        edges.append(child_ids)
+        marked.append(has_values or bool(slots))
+    flags = _has_checkpoint_values(edges, marked)
+    graph = b"".join(
+        _field(b"\x0a", body + _HAS_VALUES[flag]) for body, flag in zip(bodies, flags)
+    )
+    tensors.add(None, {OBJECT_GRAPH_PROTO_KEY: string_scalar(graph)})
+    return SerializedGraph(graph, tensors, registered, tuple(walk.objects))
 
 
 def list_objects(root: Any, *, skip_slot_variables: bool = False) -> list[Trackable]:

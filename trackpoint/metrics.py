@@ -1,32 +1,33 @@
 """Counters and duration histograms that trackpoint records, with optional exporters.
 
 Every layer records into the default :class:`Registry` through the module functions
-(``record_duration``, ``increment``, ``timed``...); users read it with ``snapshot()`` or export
-it with ``register_prometheus()`` / ``register_opentelemetry()``. Recording is thread-safe and
-cheap (one short lock per recording), so it is always on.
+(``record_duration``, ``increment``, ``timed``, ``record_write``); users read it with
+``snapshot()`` or export it with ``register_prometheus()`` / ``register_opentelemetry()``.
+Recording is thread-safe and cheap (one short lock per recording, a few per checkpoint), so it
+is always on. docs/metrics.md lists the figures and shows how to read them.
 
-Figures (the names are stable; they mirror TensorFlow's ``/tensorflow/core/checkpoint/...``
-metrics). Histograms, each with its labels:
+Figures (the names are stable, Prometheus style). Histograms, each with its labels:
 
 - ``trackpoint_write_duration_seconds`` (``mode`` = ``sync``/``async``, ``phase`` =
   ``blocking``/``background``): time to write one checkpoint; ``blocking`` is the part the
   caller waits for, ``background`` the part an async writer does afterwards.
-- ``trackpoint_read_duration_seconds``: time to read (restore) one checkpoint.
-- ``trackpoint_training_time_between_writes_seconds``: TensorFlow's "training time saved", the
-  time from the end of one write to the start of the next (``mark_write_end`` /
-  ``mark_write_start``).
-- ``trackpoint_checkpoint_size_bytes``: bytes of one checkpoint (all its files).
+- ``trackpoint_read_duration_seconds``: time ``Checkpoint.read``/``restore`` blocked.
+- ``trackpoint_training_time_between_writes_seconds``: from the end of one write's blocking
+  part to the start of the next write (TensorFlow's "training time saved").
+- ``trackpoint_checkpoint_size_bytes``: bytes of one checkpoint (its index and data files).
 - ``trackpoint_sharding_policy_duration_seconds`` (``policy`` = the policy's description):
   time the sharding policy took to plan the shards.
 
-Counters, no labels:
+Counters, no labels: ``trackpoint_shards_written_total`` (data files written),
+``trackpoint_bytes_written_total`` / ``trackpoint_bytes_read_total`` (bytes moved to and from
+storage; a reader adds its bytes when it is closed) and ``trackpoint_checksum_failures_total``
+(crc32c mismatches found while reading).
 
-- ``trackpoint_shards_written_total``: data files written.
-- ``trackpoint_bytes_written_total`` / ``trackpoint_bytes_read_total``: bytes moved to and
-  from storage.
-- ``trackpoint_checksum_failures_total``: crc32c mismatches found while reading.
-
-Histograms use fixed buckets: ``SECONDS_BUCKETS`` for durations, ``BYTES_BUCKETS`` for sizes.
+Who records what: a save gathers its figures into one :class:`WriteStats` and records them with
+one ``record_write`` call once it is committed (on the writer thread for async saves);
+``Checkpoint.read`` records its duration; the bundle reader counts bytes read and checksum
+failures. The same :class:`WriteStats` / :class:`ReadStats` ride on the last progress event of
+each save and restore (``CheckpointOptions.progress``), so a training loop can log them.
 
 Example::
 
@@ -39,14 +40,16 @@ Example::
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from trackpoint._metrics_records import ReadStats, WriteStats, WriteTiming
 from trackpoint.errors import InvalidArgumentError
 
 __all__ = [
@@ -64,11 +67,16 @@ __all__ = [
     "WRITE_DURATION",
     "Figure",
     "LabelKey",
+    "Listener",
+    "ReadStats",
     "Registry",
+    "WriteStats",
+    "WriteTiming",
+    "begin_write",
+    "end_blocking",
     "increment",
-    "mark_write_end",
-    "mark_write_start",
     "record_duration",
+    "record_write",
     "register_opentelemetry",
     "register_prometheus",
     "reset",
@@ -94,6 +102,8 @@ SECONDS_BUCKETS: tuple[float, ...] = (
     120.0, 300.0, 600.0, 1800.0, 3600.0,
 )  # fmt: skip
 BYTES_BUCKETS: tuple[float, ...] = tuple(float(1024 * 4**i) for i in range(16))
+
+logger = logging.getLogger(__name__)
 
 LabelKey = tuple[tuple[str, str], ...]
 """A label set as sorted ``(name, value)`` pairs; ``()`` for a figure without labels."""
@@ -175,19 +185,31 @@ _DEFAULT_FIGURES = (
 )  # fmt: skip
 
 
+Listener = Callable[[Figure, float, LabelKey], None]
+"""Called after each recording with the figure, the value (a counter's increment, a histogram's
+observation, a gauge's new value) and the label set; see :meth:`Registry.add_listener`."""
+
+_Recording = tuple[Figure, float, LabelKey]
+
+
 class Registry:
     """A thread-safe set of declared figures and their values, per label set.
 
     One lock guards everything; recordings happen a few times per checkpoint, so contention
     does not matter. The figures above are declared on construction; ``declare`` adds more.
+    Listeners (exporters that push, like OpenTelemetry's) are called after the lock is
+    released, on the recording thread.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._figures: dict[str, Figure] = {f.name: f for f in _DEFAULT_FIGURES}
         self._values: dict[str, dict[LabelKey, Any]] = {name: {} for name in self._figures}
+        # perf_counter() when the last write's blocking part ended: the training clock.
         self._last_write_end: float | None = None
-        self._exporters: dict[tuple[str, int], object] = {}
+        self._listeners: list[Listener] = []
+        # (kind, target, exporter): targets are held (and compared) by identity, not by id().
+        self._exporters: list[tuple[str, object, object]] = []
 
     # -- declarations ---------------------------------------------------------------------
     def declare(self, figure: Figure) -> None:
@@ -236,30 +258,44 @@ class Registry:
         Raises:
             InvalidArgumentError: unknown figure, wrong labels, or a negative/NaN value.
         """
-        if not seconds >= 0:  # also rejects NaN
-            raise InvalidArgumentError(f"figure {name}: observation must be >= 0, got {seconds}")
         with self._lock:
-            key = self._check(name, "histogram", labels)
-            series = self._values[name]
-            histogram = series.get(key)
-            if histogram is None:
-                histogram = series[key] = _Histogram(self._figures[name].buckets)
-            histogram.observe(float(seconds))
+            recording = self._observe(name, seconds, labels)
+        self._notify((recording,))
+
+    def _observe(self, name: str, value: float, labels: Mapping[str, object]) -> _Recording:
+        """``record_duration`` with the lock held."""
+        if not value >= 0:  # also rejects NaN
+            raise InvalidArgumentError(f"figure {name}: observation must be >= 0, got {value}")
+        key = self._check(name, "histogram", labels)
+        series = self._values[name]
+        histogram = series.get(key)
+        if histogram is None:
+            histogram = series[key] = _Histogram(self._figures[name].buckets)
+        histogram.observe(float(value))
+        return self._figures[name], float(value), key
+
+    def _add(self, name: str, value: float, labels: Mapping[str, object]) -> _Recording:
+        """``increment`` with the lock held."""
+        if not value >= 0:
+            raise InvalidArgumentError(f"counter {name} only goes up; got increment {value}")
+        key = self._check(name, "counter", labels)
+        series = self._values[name]
+        series[key] = series.get(key, 0) + value
+        return self._figures[name], value, key
 
     def increment(self, name: str, value: float = 1, **labels: object) -> None:
         """Add ``value`` (>= 0) to counter ``name``."""
-        if not value >= 0:
-            raise InvalidArgumentError(f"counter {name} only goes up; got increment {value}")
         with self._lock:
-            key = self._check(name, "counter", labels)
-            series = self._values[name]
-            series[key] = series.get(key, 0) + value
+            recording = self._add(name, value, labels)
+        self._notify((recording,))
 
     def set_gauge(self, name: str, value: float, **labels: object) -> None:
         """Set gauge ``name`` to ``value``."""
         with self._lock:
             key = self._check(name, "gauge", labels)
             self._values[name][key] = value
+            recording = (self._figures[name], value, key)
+        self._notify((recording,))
 
     @contextmanager
     def timed(self, name: str, **labels: object) -> Iterator[None]:
@@ -271,34 +307,111 @@ class Registry:
         yield
         self.record_duration(name, time.perf_counter() - start, **labels)
 
-    def mark_write_start(self) -> None:
-        """Record the training time since the last ``mark_write_end`` (none before the first)."""
-        now = time.monotonic()
+    def begin_write(self) -> WriteTiming:
+        """Start timing a checkpoint write; note the training time since the previous one.
+
+        Call it where the caller's wait begins and hand the result to whoever finishes the
+        write, which builds a :class:`WriteStats` and calls :meth:`record_write`. Nothing is
+        recorded here, so a write that fails leaves no figure behind.
+        """
+        now = time.perf_counter()
         with self._lock:
             last = self._last_write_end
-        if last is not None:
-            self.record_duration(TRAINING_TIME_BETWEEN_WRITES, max(0.0, now - last))
+        return WriteTiming(now, None if last is None else max(0.0, now - last))
 
-    def mark_write_end(self) -> None:
-        """Note that a checkpoint write finished (async writes: when the background part ends)."""
+    def end_blocking(self, timing: WriteTiming) -> WriteTiming:
+        """The caller's part of an async write is over: training resumes now.
+
+        Restarts the training clock (the next write's ``training_seconds`` counts from here,
+        even while this write goes on in the background).
+
+        Returns:
+            ``timing`` with ``blocking_seconds`` set, for the writer thread.
+        """
+        now = time.perf_counter()
         with self._lock:
-            self._last_write_end = time.monotonic()
+            self._last_write_end = now
+        return WriteTiming(timing.started, timing.training_seconds, now - timing.started)
 
-    # -- reading --------------------------------------------------------------------------
-    def series(self, name: str) -> dict[LabelKey, Any]:
-        """A copy of one figure's values per label set, as in ``snapshot()``.
+    def record_write(self, stats: WriteStats) -> None:
+        """Record every figure of one committed write at once.
+
+        Records the blocking (and, for async writes, background) duration, the training time
+        before the write, checkpoint size, shards and bytes written, and the sharding policy's
+        duration under its description: one lock, whatever the number of tensors. A sync
+        write also restarts the training clock (an async one did at :meth:`end_blocking`).
 
         Raises:
-            InvalidArgumentError: ``name`` is not declared.
+            InvalidArgumentError: ``stats.mode`` is not ``"sync"``/``"async"``, or a figure is
+                negative (nothing is recorded then).
+        """
+        if stats.mode not in ("sync", "async"):
+            raise InvalidArgumentError(
+                f"WriteStats.mode must be 'sync' or 'async', got {stats.mode!r}"
+            )
+        observations: list[tuple[str, float, dict[str, object]]] = [
+            (WRITE_DURATION, stats.blocking_seconds, {"mode": stats.mode, "phase": "blocking"}),
+            (CHECKPOINT_SIZE, stats.checkpoint_bytes, {}),
+            (SHARDING_POLICY_DURATION, stats.sharding_seconds, {"policy": stats.sharding_policy}),
+        ]
+        if stats.mode == "async":
+            labels: dict[str, object] = {"mode": "async", "phase": "background"}
+            observations.append((WRITE_DURATION, stats.background_seconds, labels))
+        if stats.training_seconds is not None:
+            observations.append((TRAINING_TIME_BETWEEN_WRITES, stats.training_seconds, {}))
+        for name, value, _ in observations:
+            if not value >= 0:
+                raise InvalidArgumentError(f"{stats.prefix}: {name} must be >= 0, got {value}")
+        if any(size < 0 for size in stats.shard_bytes):
+            raise InvalidArgumentError(f"{stats.prefix}: shard sizes must be >= 0")
+        with self._lock:
+            recordings = [self._observe(name, value, lbl) for name, value, lbl in observations]
+            recordings.append(self._add(SHARDS_WRITTEN, stats.num_shards, {}))
+            recordings.append(self._add(BYTES_WRITTEN, stats.checkpoint_bytes, {}))
+            if stats.mode == "sync":
+                self._last_write_end = time.perf_counter()
+        self._notify(recordings)
+
+    # -- listeners ------------------------------------------------------------------------
+    def add_listener(self, listener: Listener, *, replay_counters: bool = False) -> None:
+        """Call ``listener(figure, value, label_key)`` after every recording from now on.
+
+        Args:
+            listener: must be thread-safe and quick; an exception it raises is logged, never
+                propagated into a save or restore.
+            replay_counters: first pass every counter's and gauge's current value, so a
+                listener that keeps totals starts from the registry's (histograms cannot be
+                replayed: only their aggregates are kept).
         """
         with self._lock:
-            if name not in self._values:
-                raise InvalidArgumentError(f"unknown figure {name!r}")
-            return {
-                key: v.to_dict() if isinstance(v, _Histogram) else v
-                for key, v in self._values[name].items()
-            }
+            self._listeners = [*self._listeners, listener]  # copy on write: see _notify
+            replay: list[_Recording] = []
+            if replay_counters:
+                for name, series in self._values.items():
+                    figure = self._figures[name]
+                    if figure.kind != "histogram":
+                        replay.extend((figure, value, key) for key, value in series.items())
+        for recording in replay:
+            self._call(listener, recording)
 
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop calling ``listener`` (no-op if it was not added)."""
+        with self._lock:
+            self._listeners = [x for x in self._listeners if x is not listener]
+
+    def _notify(self, recordings: Any) -> None:
+        for listener in self._listeners:  # replaced, never mutated: safe without the lock
+            for recording in recordings:
+                self._call(listener, recording)
+
+    @staticmethod
+    def _call(listener: Listener, recording: _Recording) -> None:
+        try:
+            listener(*recording)
+        except Exception:  # metrics must never break a checkpoint
+            logger.warning("metrics listener %r failed", listener, exc_info=True)
+
+    # -- reading --------------------------------------------------------------------------
     def snapshot(self) -> dict[str, dict[LabelKey, Any]]:
         """A copy of every figure: ``{name: {label_key: value}}``.
 
@@ -316,184 +429,91 @@ class Registry:
             }
 
     def reset(self) -> None:
-        """Forget every recorded value (declarations and exporter registrations stay)."""
+        """Forget every recorded value (declarations, listeners and exporters stay)."""
         with self._lock:
             self._values = {name: {} for name in self._figures}
             self._last_write_end = None
 
     # -- exporters ------------------------------------------------------------------------
+    def _exporter(self, kind: str, target: object, create: Callable[[], object]) -> object:
+        """The exporter of ``kind`` for ``target``, created (once) by ``create``.
+
+        ``create`` runs under the lock, so it must not record (exporters only store things).
+        """
+        with self._lock:
+            for k, t, exporter in self._exporters:
+                if k == kind and t is target:
+                    return exporter
+            exporter = create()
+            self._exporters.append((kind, target, exporter))
+        return exporter
+
     def register_prometheus(self, registry: Any = None) -> Any:
         """Expose these figures to ``prometheus_client`` (default: its global ``REGISTRY``).
 
-        Returns the collector (pass it to ``registry.unregister`` to stop). Registering twice
-        with the same registry returns the first collector.
+        The collector reads this registry at each scrape, so values recorded before the call
+        are exported too. Registering again with the same registry returns the same collector
+        (registered again if it was unregistered); pass it to ``registry.unregister`` to stop.
+
+        Returns:
+            The collector (a ``prometheus_client`` custom collector).
         """
         import prometheus_client
 
+        from trackpoint._metrics_export import PrometheusCollector
+
         target = registry if registry is not None else prometheus_client.REGISTRY
-        with self._lock:
-            collector = self._exporters.get(("prometheus", id(target)))
-            if collector is None:
-                collector = _PrometheusCollector(self)
-                target.register(collector)
-                self._exporters[("prometheus", id(target))] = collector
+        collector = self._exporter("prometheus", target, lambda: PrometheusCollector(self))
+        try:
+            target.register(collector)
+        except ValueError:  # registered already (prometheus_client refuses duplicate names)
+            pass
         return collector
 
     def register_opentelemetry(self, meter_provider: Any = None) -> Any:
-        """Expose these figures as OpenTelemetry observable instruments.
+        """Record every figure into OpenTelemetry instruments too, one instrument per figure.
 
-        Counters become observable counters, gauges observable gauges, and each histogram
-        three observable counters, ``<name>_count``, ``<name>_sum`` and ``<name>_bucket``
-        (attribute ``le``, cumulative), so nothing recorded before registration is lost.
-        Uses the global meter provider unless one is given. Returns the meter.
+        Counters become ``Counter`` s, histograms ``Histogram`` s (with these bucket bounds as
+        the advisory explicit boundaries), gauges ``Gauge`` s, all on the meter
+        ``"trackpoint"`` of ``meter_provider`` (default: the global one). From the call on,
+        each recording is passed on as it happens; counters start from their current totals,
+        histograms from empty. Registering again with the same provider returns the same
+        exporter (passing recordings on again if it was closed).
+
+        Returns:
+            The exporter; ``exporter.close()`` stops passing recordings on.
         """
         from opentelemetry import metrics as otel_metrics
 
+        from trackpoint._metrics_export import OpenTelemetryExporter
+
         provider = meter_provider or otel_metrics.get_meter_provider()
-        with self._lock:
-            meter = self._exporters.get(("opentelemetry", id(provider)))
-            if meter is None:
-                meter = provider.get_meter("trackpoint")
-                self._exporters[("opentelemetry", id(provider))] = meter
-                register = True
-            else:
-                register = False
-        if register:
-            _create_opentelemetry_instruments(self, meter)
-        return meter
 
+        created: list[object] = []
 
-# -- exporters (their packages are imported only when registering) ---------------------------
-def _label_values(figure: Figure, key: LabelKey) -> list[str]:
-    values = dict(key)
-    return [values[label] for label in figure.labels]
+        def create() -> object:
+            created.append(OpenTelemetryExporter(self, provider.get_meter("trackpoint")))
+            return created[0]
 
-
-class _PrometheusCollector:
-    """A ``prometheus_client`` custom collector reading a :class:`Registry` on each scrape."""
-
-    def __init__(self, registry: Registry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-        from prometheus_client.utils import floatToGoString
-
-        values = self._registry.snapshot()
-        for figure in self._registry.figures():
-            series = values.get(figure.name, {})
-            labels = list(figure.labels)
-            family: Any
-            if figure.kind == "histogram":
-                family = HistogramMetricFamily(figure.name, figure.description, labels=labels)
-                for key, h in series.items():
-                    buckets = [(floatToGoString(b), n) for b, n in h["buckets"].items()]
-                    family.add_metric(_label_values(figure, key), buckets, h["sum"])
-            else:
-                cls = CounterMetricFamily if figure.kind == "counter" else GaugeMetricFamily
-                family = cls(figure.name, figure.description, labels=labels)
-                for key, value in series.items():
-                    family.add_metric(_label_values(figure, key), value)
-            yield family
-
-
-def _create_opentelemetry_instruments(registry: Registry, meter: Any) -> None:
-    """Create one observable instrument per figure (three per histogram) on ``meter``."""
-    from opentelemetry.metrics import Observation
-
-    def observe(name: str, field: str | None) -> Any:
-        def callback(options: Any) -> Iterator[Any]:
-            for key, value in registry.series(name).items():
-                attributes = dict(key)
-                if field is None:
-                    yield Observation(value, attributes)
-                elif field == "buckets":
-                    for bound, count in value["buckets"].items():
-                        le = "+Inf" if math.isinf(bound) else repr(bound)
-                        yield Observation(count, {**attributes, "le": le})
-                else:
-                    yield Observation(value[field], attributes)
-
-        return callback
-
-    for figure in registry.figures():
-        name, description = figure.name, figure.description
-        if figure.kind == "counter":
-            meter.create_observable_counter(
-                name, [observe(name, None)], unit=figure.unit, description=description
-            )
-        elif figure.kind == "gauge":
-            meter.create_observable_gauge(
-                name, [observe(name, None)], unit=figure.unit, description=description
-            )
-        else:
-            meter.create_observable_counter(
-                f"{name}_count", [observe(name, "count")], description=f"{description} (count)"
-            )
-            meter.create_observable_counter(
-                f"{name}_sum", [observe(name, "sum")], unit=figure.unit,
-                description=f"{description} (sum)",
-            )  # fmt: skip
-            meter.create_observable_counter(
-                f"{name}_bucket",
-                [observe(name, "buckets")],
-                description=f"{description} (cumulative count per upper bound le)",
-            )
+        exporter = self._exporter("opentelemetry", provider, create)
+        if not any(listener is exporter for listener in self._listeners):
+            # Totals are replayed once: the instruments keep them across close().
+            self.add_listener(exporter, replay_counters=bool(created))  # type: ignore[arg-type]
+        return exporter
 
 
 REGISTRY = Registry()
 """The registry trackpoint records into."""
 
-
-def record_duration(name: str, seconds: float, **labels: object) -> None:
-    """``REGISTRY.record_duration``: add one observation to a histogram."""
-    REGISTRY.record_duration(name, seconds, **labels)
-
-
-def increment(name: str, value: float = 1, **labels: object) -> None:
-    """``REGISTRY.increment``: add to a counter."""
-    REGISTRY.increment(name, value, **labels)
-
-
-def set_gauge(name: str, value: float, **labels: object) -> None:
-    """``REGISTRY.set_gauge``: set a gauge."""
-    REGISTRY.set_gauge(name, value, **labels)
-
-
-def timed(name: str, **labels: object) -> AbstractContextManager[None]:
-    """``REGISTRY.timed``: time a ``with`` block into a histogram."""
-    return REGISTRY.timed(name, **labels)
-
-
-def mark_write_start() -> None:
-    """``REGISTRY.mark_write_start``: record training time since the previous write."""
-    REGISTRY.mark_write_start()
-
-
-def mark_write_end() -> None:
-    """``REGISTRY.mark_write_end``: note that a write finished."""
-    REGISTRY.mark_write_end()
-
-
-def snapshot() -> dict[str, dict[LabelKey, Any]]:
-    """``REGISTRY.snapshot``: a plain-dict copy of every figure."""
-    return REGISTRY.snapshot()
-
-
-def reset() -> None:
-    """``REGISTRY.reset``: forget every recorded value."""
-    REGISTRY.reset()
-
-
-def register_prometheus(registry: Any = None) -> Any:
-    """``REGISTRY.register_prometheus``: expose the figures to ``prometheus_client``."""
-    return REGISTRY.register_prometheus(registry)
-
-
-def register_opentelemetry(meter_provider: Any = None) -> Any:
-    """``REGISTRY.register_opentelemetry``: expose the figures to OpenTelemetry."""
-    return REGISTRY.register_opentelemetry(meter_provider)
+# The module functions are the default registry's bound methods (as ``random.random`` is).
+record_duration = REGISTRY.record_duration
+increment = REGISTRY.increment
+set_gauge = REGISTRY.set_gauge
+timed = REGISTRY.timed
+begin_write = REGISTRY.begin_write
+end_blocking = REGISTRY.end_blocking
+record_write = REGISTRY.record_write
+snapshot = REGISTRY.snapshot
+reset = REGISTRY.reset
+register_prometheus = REGISTRY.register_prometheus
+register_opentelemetry = REGISTRY.register_opentelemetry

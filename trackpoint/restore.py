@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
+from trackpoint.bundle.reader import BundleReader
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph import escape_local_name, node_names
 from trackpoint.saving import CheckpointOptions, MultiDeviceSaver, local_name
@@ -88,13 +89,19 @@ def _warn_unrestored(state: _WarningState) -> None:
     """Log one warning naming every checkpoint value this restore never used."""
     if state.expect_partial:
         return
+    unmatched = [
+        node_id
+        for node_id, node in enumerate(state.proto.nodes)
+        if node_id not in state.matched_proto_ids
+        and node_id not in state.ignored_node_ids
+        and node.attributes
+    ]
+    if not unmatched and not state.unused_attributes:
+        return
     names = node_names(state.proto)
     lines = [
         f"Value in checkpoint could not be found in the restored object: {names[node_id]}"
-        for node_id, node in enumerate(state.proto.nodes)
-        if node.attributes
-        and node_id not in state.matched_proto_ids
-        and node_id not in state.ignored_node_ids
+        for node_id in unmatched
     ]
     lines += [
         "An attribute in the restored object could not be found in the checkpoint. "
@@ -118,8 +125,10 @@ class RestoreCoordinator:
         proto: the checkpoint's object graph.
         prefix: the checkpoint, reopened for every batch of values (no file stays open).
         options: restore options (``skip_slot_variables``).
-        shapes: ``{checkpoint key: shape}`` of the checkpoint.
-        dtypes: ``{checkpoint key: numpy dtype}`` of the checkpoint.
+        shapes: ``{checkpoint key: shape}`` of the checkpoint (None: asked of ``index``).
+        dtypes: ``{checkpoint key: numpy dtype}`` of the checkpoint (None: asked of ``index``).
+        index: the checkpoint's reader, possibly closed: every batch of values is read through
+            ``index.reopen()``, so the index is parsed once per load, not once per batch.
     """
 
     def __init__(
@@ -127,14 +136,17 @@ class RestoreCoordinator:
         proto: TrackableObjectGraph,
         prefix: str,
         options: CheckpointOptions,
-        shapes: Mapping[str, tuple[int, ...]],
-        dtypes: Mapping[str, np.dtype[Any]],
+        shapes: Mapping[str, tuple[int, ...]] | None = None,
+        dtypes: Mapping[str, np.dtype[Any]] | None = None,
+        *,
+        index: BundleReader | None = None,
     ) -> None:
         self.proto = proto
         self.prefix = prefix
         self.options = options
-        self.shapes = dict(shapes)
-        self.dtypes = dict(dtypes)
+        self.index = index
+        self._shapes = dict(shapes) if shapes is not None else None
+        self._dtypes = dict(dtypes) if dtypes is not None else None
         self.restore_uid = next_restore_uid()
         # Weak: objects with deferred restorations point at positions, which point here.
         self.object_by_proto_id: weakref.WeakValueDictionary[int, Trackable] = (
@@ -180,6 +192,17 @@ class RestoreCoordinator:
     def __deepcopy__(self, memo: dict[int, Any]) -> RestoreCoordinator:
         return self  # shared by copies of objects with pending restorations
 
+    def value_spec(self, key: str) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+        """Saved ``(shape, dtype)`` of checkpoint key ``key``; None if the key is absent."""
+        if self._shapes is not None and self._dtypes is not None:
+            if key not in self._shapes:
+                return None
+            return tuple(self._shapes[key]), self._dtypes[key]
+        index = self.index
+        if index is None or not index.has_tensor(key):
+            return None
+        return index.shape(key), index.dtype(key)
+
     def node_name(self, node_id: int) -> str:
         """Readable path of a checkpoint node, e.g. ``(root).model.dense.kernel``."""
         if self._names is None:
@@ -193,7 +216,7 @@ class RestoreCoordinator:
         if not restorers and not registered:
             return
         tensors = _RestorerMap(restorers)
-        MultiDeviceSaver(tensors, registered).restore(self.prefix, self.options)
+        MultiDeviceSaver(tensors, registered).restore(self.prefix, self.options, index=self.index)
 
 
 class _RestorerMap:
@@ -213,17 +236,17 @@ class _Restorer:
     object gets its own names back. Errors gain the checkpoint keys and the node path.
     """
 
-    __slots__ = ("names", "path", "prefix", "specs", "trackable")
+    __slots__ = ("coordinator", "names", "proto_id", "specs", "trackable")
 
     def __init__(
-        self, trackable: Trackable, specs: dict[str, Any], names: dict[str, str], path: str,
-        prefix: str,
+        self, trackable: Trackable, specs: dict[str, Any], names: dict[str, str],
+        coordinator: RestoreCoordinator, proto_id: int,
     ) -> None:
         self.trackable = trackable
         self.specs = specs  # checkpoint key -> the live value (its slice layout matters)
         self.names = names  # local name in the key -> the object's own value name
-        self.path = path
-        self.prefix = prefix
+        self.coordinator = coordinator
+        self.proto_id = proto_id  # names the node in errors (computed only then)
 
     def _restore_from_tensors(self, restored: Mapping[str, Any]) -> None:
         values = {self.names[name]: value for name, value in restored.items()}
@@ -231,10 +254,11 @@ class _Restorer:
             self.trackable._restore_from_tensors(values)
         except InvalidArgumentError as exc:
             keys = sorted(self.specs)
+            prefix = self.coordinator.prefix
             raise InvalidArgumentError(
-                f"{exc.message} (object {self.path}, checkpoint key "
-                f"{', '.join(keys)} in {self.prefix})",
-                path=self.prefix,
+                f"{exc.message} (object {self.coordinator.node_name(self.proto_id)}, "
+                f"checkpoint key {', '.join(keys)} in {prefix})",
+                path=prefix,
                 key=keys[0] if keys else None,
             ) from exc
 
@@ -275,10 +299,7 @@ class CheckpointPosition:
         attribute = node.attributes[0]
         if attribute.name != VARIABLE_VALUE_KEY:
             return None
-        key = attribute.checkpoint_key
-        if key not in self._coordinator.shapes:
-            return None
-        return tuple(self._coordinator.shapes[key]), self._coordinator.dtypes[key]
+        return self._coordinator.value_spec(attribute.checkpoint_key)
 
     def bind_object(self, trackable: Trackable) -> bool:
         """Record that ``trackable`` is this node's object; False if the node was bound before."""
@@ -372,27 +393,35 @@ class CheckpointPosition:
             names[local_name(attribute.checkpoint_key)] = own_name
         if not specs:
             return  # nothing of this object is in the checkpoint: it stays unmatched
-        missing = sorted(set(live) - set(names.values()) - trackable._optional_tensor_names())
-        path = coordinator.node_name(self._proto_id)
+        if len(live) == 1:  # the common case: its one value is named (specs is not empty)
+            missing = []
+        else:
+            missing = sorted(
+                set(live) - set(names.values()) - trackable._optional_tensor_names()
+            )
         if missing:
+            path = coordinator.node_name(self._proto_id)
             raise InvalidArgumentError(
                 f"Could not restore object {path} ({type(trackable).__name__}): not all of its "
                 f"values are in the checkpoint {coordinator.prefix}. Expected "
                 f"{sorted(live)}, the checkpoint has {sorted(a.name for a in node.attributes)}",
                 path=coordinator.prefix,
             )
-        restorers.append(_Restorer(trackable, specs, names, path, coordinator.prefix))
+        restorers.append(_Restorer(trackable, specs, names, coordinator, self._proto_id))
         trackable._update_uid = coordinator.restore_uid
 
     def _queue_children(
         self, queue: collections.deque[CheckpointPosition],
         children: Mapping[str, Trackable] | None,
     ) -> None:
+        node_children = self.node.children
+        if not node_children:
+            return  # a leaf of the saved graph: its live children do not matter
         coordinator = self._coordinator
         trackable = self.trackable
         if children is None:
             children = _children_of(trackable)
-        for child in self.node.children:
+        for child in node_children:
             if child.node_id in coordinator.object_by_proto_id:
                 continue
             position = CheckpointPosition(coordinator, child.node_id)

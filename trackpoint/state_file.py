@@ -22,6 +22,7 @@ from trackpoint.storage import Storage, storage_for
 __all__ = [
     "STATE_FILENAME",
     "CheckpointState",
+    "checkpoint_directory",
     "checkpoint_exists",
     "get_checkpoint_mtimes",
     "get_checkpoint_state",
@@ -37,6 +38,13 @@ STATE_FILENAME = "checkpoint"
 
 def _is_url(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
+
+
+def checkpoint_directory(prefix: str) -> str:
+    """The directory of checkpoint ``prefix``: where its state file lives (``.`` if none)."""
+    if _is_url(prefix):
+        return posixpath.dirname(prefix)
+    return os.path.dirname(prefix) or "."
 
 
 def _join(directory: str, path: str) -> str:

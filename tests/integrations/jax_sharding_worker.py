@@ -82,6 +82,7 @@ def main(directory: Path) -> None:
     # Only the needed regions are read: each target box reads the stored slices it meets.
     calls: list[tuple[str, int]] = []
     read_slice, read_entry = BundleReader.read_slice, BundleReader._read_entry
+    read_layout = BundleReader._read_layout  # the fast path of unsliced numeric tensors
 
     def spy_read_slice(self: BundleReader, key: str, tensor_slice: Any) -> np.ndarray:
         calls.append(("read_slice", str(tensor_slice)))
@@ -91,8 +92,13 @@ def main(directory: Path) -> None:
         calls.append(("entry", key))
         return read_entry(self, key, entry, copy=copy)
 
+    def spy_read_layout(self: BundleReader, key: str, layout: Any) -> np.ndarray:
+        calls.append(("entry", key))
+        return read_layout(self, key, layout)
+
     BundleReader.read_slice = spy_read_slice  # type: ignore[method-assign]
     BundleReader._read_entry = spy_read_entry  # type: ignore[method-assign]
+    BundleReader._read_layout = spy_read_layout  # type: ignore[method-assign]
     try:
         rows8 = jax.ShapeDtypeStruct(
             (8, 12), jnp.float32, sharding=NamedSharding(mesh8, P("z", None))
@@ -105,6 +111,7 @@ def main(directory: Path) -> None:
     finally:
         BundleReader.read_slice = read_slice  # type: ignore[method-assign]
         BundleReader._read_entry = read_entry  # type: ignore[method-assign]
+        BundleReader._read_layout = read_layout  # type: ignore[method-assign]
 
     # An optax state of sharded params through tp.Checkpoint, restored on another mesh.
     params = {"w": tree["a"], "b": jax.device_put(FULL[0], NamedSharding(mesh42, P("y")))}

@@ -40,6 +40,8 @@ class _Merger:
         self.entries: dict[bytes, BundleEntryProto] = {}
         self.files: dict[str, int] = {}  # input data file -> new shard id
         self.header: BundleHeaderProto | None = None
+        # (prefix, num_shards, index entries, index bytes) of each input, in order
+        self.inputs: list[tuple[str, int, list[tuple[bytes, bytes]], bytes]] = []
         self.total_shards = 0
 
     def add_bundle(self, prefix: str) -> None:
@@ -64,19 +66,28 @@ class _Merger:
                 path=index_path,
             )
         self.total_shards += header.num_shards
+        self.inputs.append((prefix, header.num_shards, pairs, data))
+
+    def _add_entries(self, prefix: str, num_shards: int, pairs: list[tuple[bytes, bytes]]) -> None:
+        index_path = index_filename(prefix)
+        sources: dict[int, str] = {}  # shard id in the input -> its data file
         for raw_key, value in pairs[1:]:
             entry = parse_entry(value, key=_key_text(raw_key), path=index_path)
-            self._add_entry(prefix, header.num_shards, raw_key, entry)
+            earlier = self.entries.get(raw_key)
+            if earlier is None:
+                source = sources.get(entry.shard_id)
+                if source is None:
+                    source = sources[entry.shard_id] = data_filename(
+                        prefix, entry.shard_id, num_shards
+                    )
+                entry.shard_id = self.files.setdefault(source, len(self.files))
+                self.entries[raw_key] = entry
+            else:
+                self._merge_slices(prefix, raw_key, earlier, entry)
 
-    def _add_entry(
-        self, prefix: str, num_shards: int, raw_key: bytes, entry: BundleEntryProto
+    def _merge_slices(
+        self, prefix: str, raw_key: bytes, earlier: BundleEntryProto, entry: BundleEntryProto
     ) -> None:
-        earlier = self.entries.get(raw_key)
-        if earlier is None:
-            source = data_filename(prefix, entry.shard_id, num_shards)
-            entry.shard_id = self.files.setdefault(source, len(self.files))
-            self.entries[raw_key] = entry
-            return
         key = _key_text(raw_key)
         if not earlier.slices or not entry.slices:
             raise InvalidArgumentError(
@@ -94,8 +105,31 @@ class _Merger:
             )
         earlier.slices.extend(entry.slices)
 
+    def _commit_single(self) -> bool:
+        """One input bundle with one data file and entries: rename it, keep its index bytes.
+
+        Its entries already name shard 0 of 1 and the merged index would be built from the
+        same sorted entries, so the bytes are the same; parsing and re-encoding every entry
+        is what a checkpoint of many small tensors would otherwise spend its time on.
+        """
+        if len(self.inputs) != 1:
+            return False
+        prefix, num_shards, pairs, data = self.inputs[0]
+        if num_shards != 1 or len(pairs) < 2:
+            return False
+        source = data_filename(prefix, 0, 1)
+        target = data_filename(self.out_prefix, 0, 1)
+        if source != target:
+            self.storage.replace(source, target)
+        self.storage.write_atomic(index_filename(self.out_prefix), data)
+        return True
+
     def commit(self) -> None:
         assert self.header is not None
+        if self._commit_single():
+            return
+        for prefix, num_shards, pairs, _ in self.inputs:
+            self._add_entries(prefix, num_shards, pairs)
         count = len(self.files)
         for source, shard_id in self.files.items():
             target = data_filename(self.out_prefix, shard_id, count)

@@ -8,13 +8,15 @@ Every error names the file and the checkpoint key.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
 from trackpoint.bundle.crc import crc32c, unmask
 from trackpoint.bundle.dtypes import DataType, element_size, numpy_dtype_for
@@ -51,6 +53,27 @@ def _swap_to_native(raw: memoryview, dtype: np.dtype, shape: tuple[int, ...]) ->
     return words.view(dtype).reshape(shape)
 
 
+def _count_checksum_failure(exc: DataLossError) -> None:
+    """Count ``exc`` in trackpoint_checksum_failures_total if a checksum did not match.
+
+    Table blocks and string tensors are checked in ``table``/``strings``, which report a
+    mismatch as a DataLossError saying "checksum does not match".
+    """
+    if "checksum does not match" in str(exc).lower():
+        metrics.increment(metrics.CHECKSUM_FAILURES)
+
+
+class _Layout(NamedTuple):
+    """Where an unsliced little-endian numeric tensor lies, checked once per key."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    shard_id: int
+    offset: int
+    size: int
+    crc: int  # unmasked
+
+
 class BundleReader:
     """Random access to the tensors of the bundle at ``prefix``.
 
@@ -77,7 +100,15 @@ class BundleReader:
                 f"'{self._prefix}'. Check the path, or whether the save finished",
                 path=self._prefix,
             ) from exc
-        pairs = read_table(data, self._index_path)
+        # Bytes read from storage, added into trackpoint_bytes_read_total once, at close().
+        self._index_bytes = len(data)
+        self._bytes_read = len(data)
+        self._count_lock = threading.Lock()
+        try:
+            pairs = read_table(data, self._index_path)
+        except DataLossError as exc:
+            _count_checksum_failure(exc)
+            raise
         if not pairs or pairs[0][0] != b"":
             raise DataLossError(
                 f"Corrupted index file {self._index_path}: no header entry (key '')",
@@ -94,6 +125,9 @@ class BundleReader:
             else:
                 self._values[raw_key.decode("utf-8", "surrogateescape")] = value
         self._entries: dict[str, BundleEntryProto] = {}
+        # key -> _Layout, or None for a tensor the plain fast path does not handle (strings,
+        # slices, big-endian files).
+        self._layouts: dict[str, _Layout | None] = {}
         self._lock = threading.Lock()
         self._data: dict[int, RangeReader] = {}
         self._closed = False
@@ -147,9 +181,15 @@ class BundleReader:
 
     def dtype(self, key: str) -> np.dtype:
         """The numpy dtype ``read(key)`` returns (object for strings)."""
+        layout = self._layouts.get(key)
+        if layout is not None:
+            return layout.dtype
         return numpy_dtype_for(self.datatype(key), key=key, path=self._index_path)
 
     def shape(self, key: str) -> tuple[int, ...]:
+        layout = self._layouts.get(key)
+        if layout is not None:
+            return layout.shape
         return entry_shape(self.entry(key), key=key, path=self._index_path)
 
     def slices(self, key: str) -> list[TensorSlice]:
@@ -168,6 +208,13 @@ class BundleReader:
             NotFoundError: unknown key, or its data file is missing.
             DataLossError: checksum mismatch, truncated file, inconsistent entry.
         """
+        layout = self._layouts.get(key) if key in self._layouts else self._layout(key)
+        if layout is not None:
+            array = self._read_layout(key, layout)
+            if copy:
+                return array.copy()
+            array.flags.writeable = False
+            return array
         entry = self.entry(key)
         if entry.slices:
             shape = self.shape(key)
@@ -182,6 +229,16 @@ class BundleReader:
         Raises:
             InvalidArgumentError: ``out`` has another shape or dtype, or is read-only.
         """
+        layout = self._layouts.get(key) if key in self._layouts else self._layout(key)
+        if (
+            layout is not None
+            and type(out) is np.ndarray
+            and out.shape == layout.shape
+            and out.dtype == layout.dtype
+            and out.flags.writeable
+        ):
+            np.copyto(out, self._read_layout(key, layout))
+            return
         shape, dtype = self.shape(key), self.dtype(key)
         if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != dtype:
             got = f"{out.dtype} {list(out.shape)}" if isinstance(out, np.ndarray) else type(out)
@@ -231,6 +288,29 @@ class BundleReader:
             else:
                 self._read_entry(name, entry, copy=False)
 
+    def file_sizes(self) -> dict[str, int]:
+        """``{path: bytes}`` of the index, then of every data file in shard order.
+
+        One stat per data file (a HEAD request on object stores), for statistics.
+
+        Raises:
+            NotFoundError: a data file is missing.
+        """
+        sizes = {self._index_path: self._index_bytes}
+        for shard_id in range(self.num_shards):
+            path = data_filename(self._prefix, shard_id, self.num_shards)
+            sizes[path] = self._storage.size(path)
+        return sizes
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes read from storage so far: the index and the tensors' stored bytes."""
+        return self._bytes_read
+
+    def _count_read(self, nbytes: int) -> None:
+        with self._count_lock:  # += is not atomic across threads
+            self._bytes_read += nbytes
+
     def stored_bytes(self, key: str) -> int:
         """Bytes ``key`` occupies in the data files (the sum over its slices if sliced)."""
         entry = self.entry(key)
@@ -239,6 +319,48 @@ class BundleReader:
         return int(entry.size)
 
     # -- internals -------------------------------------------------------------------------
+    def _layout(self, key: str) -> _Layout | None:
+        """Check ``key``'s entry once and remember where its bytes are (None: no fast path).
+
+        Every check of :meth:`_read_entry` and :meth:`_tensor_bytes` that does not need the
+        data file is done here, so a read is a lookup, a checksum and a view.
+        """
+        entry = self.entry(key)
+        layout = None
+        if not entry.slices and not self._big_endian:
+            itemsize = element_size(entry.dtype)
+            if itemsize is not None:
+                dtype = numpy_dtype_for(entry.dtype, key=key, path=self._index_path)
+                shape = entry_shape(entry, key=key, path=self._index_path)
+                if entry.size != math.prod(shape) * itemsize:
+                    self._read_entry(key, entry, copy=False)  # raises the size error
+                if not 0 <= entry.shard_id < self.num_shards or entry.offset < 0:
+                    self._tensor_bytes(key, entry)  # raises the shard or offset error
+                layout = _Layout(
+                    dtype, shape, entry.shard_id, entry.offset, entry.size, unmask(entry.crc32c)
+                )
+        self._layouts[key] = layout
+        return layout
+
+    def _read_layout(self, key: str, layout: _Layout) -> np.ndarray:
+        """The tensor at ``layout`` as a read-only view of the mapped file, checksum verified."""
+        reader = self._data.get(layout.shard_id) or self._data_reader(layout.shard_id, key)
+        offset, size = layout.offset, layout.size
+        if offset + size > reader.size:
+            self._tensor_bytes(key, self.entry(key))  # raises the truncation error
+        raw = reader.read(offset, size) if size else memoryview(b"")
+        self._count_read(size)
+        if crc32c(raw) != layout.crc:
+            metrics.increment(metrics.CHECKSUM_FAILURES)
+            path = data_filename(self._prefix, layout.shard_id, self.num_shards)
+            raise DataLossError(
+                f"Checksum does not match: stored {layout.crc} vs. calculated {crc32c(raw)} "
+                f"for key '{key}' in {path}. The data file is corrupt",
+                path=path,
+                key=key,
+            )
+        return np.frombuffer(raw, dtype=layout.dtype).reshape(layout.shape)
+
     def _slice_entry(self, key: str, stored: TensorSlice) -> BundleEntryProto:
         value = self._slice_values.get(encode_slice_key(key, stored))
         if value is None:
@@ -357,7 +479,9 @@ class BundleReader:
             )
         if entry.size == 0:
             return memoryview(b""), path
-        return reader.read(entry.offset, entry.size), path
+        data = reader.read(entry.offset, entry.size)
+        self._count_read(entry.size)
+        return data, path
 
     def _read_entry(self, key: str, entry: BundleEntryProto, *, copy: bool) -> np.ndarray:
         """Read an unsliced entry (a tensor or one slice of one), checksum verified."""
@@ -383,12 +507,17 @@ class BundleReader:
         raw, path = self._tensor_bytes(key, entry)
         if itemsize is None:
             result = np.empty(count, dtype=object)
-            result[:] = decode_strings(
-                raw, count, entry.crc32c, key=key, path=path, big_endian=self._big_endian
-            )
+            try:
+                result[:] = decode_strings(
+                    raw, count, entry.crc32c, key=key, path=path, big_endian=self._big_endian
+                )
+            except DataLossError as exc:
+                _count_checksum_failure(exc)
+                raise
             return result.reshape(shape)
         actual = crc32c(raw)
         if actual != unmask(entry.crc32c):
+            metrics.increment(metrics.CHECKSUM_FAILURES)
             raise DataLossError(
                 f"Checksum does not match: stored {unmask(entry.crc32c)} vs. calculated "
                 f"{actual} for key '{key}' in {path}. The data file is corrupt",
@@ -407,14 +536,30 @@ class BundleReader:
     def close(self) -> None:
         """Release the data files; views returned with ``copy=False`` become invalid."""
         with self._lock:
-            self._closed = True
+            already_closed, self._closed = self._closed, True
             readers, self._data = list(self._data.values()), {}
+        if not already_closed:
+            metrics.increment(metrics.BYTES_READ, self.bytes_read)
         for reader in readers:
             try:
                 reader.close()
             except BufferError:
                 # Zero-copy views still reference the mapping; it is unmapped when they go.
                 logger.debug("data file %s still has live views at close", reader.path)
+
+    def reopen(self) -> BundleReader:
+        """A new reader of the same checkpoint that reuses this one's parsed index.
+
+        For reading again after :meth:`close` (a deferred restore) without reading and
+        checking the index a second time; data files are opened anew, on first use.
+        """
+        other = copy.copy(self)
+        other._bytes_read = 0
+        other._count_lock = threading.Lock()
+        other._lock = threading.Lock()
+        other._data = {}
+        other._closed = False
+        return other
 
     def __enter__(self) -> Self:
         return self

@@ -36,14 +36,27 @@ _NO_COMPRESSION = 0
 _SNAPPY = 1
 
 
+# One-byte varints, the common case for lengths and shared-prefix sizes.
+_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))
+
+
 def encode_varint(value: int) -> bytes:
     """Protobuf/LevelDB varint (LEB128) of a non-negative integer."""
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def _shared_prefix(a: bytes, b: bytes) -> int:
+    """Length of the common prefix of ``a`` and ``b``, compared in C (no per-byte loop)."""
+    n = min(len(a), len(b))
+    diff = int.from_bytes(a[:n], "big") ^ int.from_bytes(b[:n], "big")
+    return n - (diff.bit_length() + 7) // 8
 
 
 def _varint(buf: bytes | memoryview, pos: int, end: int, what: str) -> tuple[int, int]:
@@ -114,23 +127,23 @@ class _BlockBuilder:
         return len(self._buf) + 4 * len(self._restarts) + 4
 
     def add(self, key: bytes, value: bytes) -> None:
-        shared = 0
         if self._counter < self._interval:
-            last = self._last_key
-            n = min(len(last), len(key))
-            while shared < n and last[shared] == key[shared]:
-                shared += 1
+            shared = _shared_prefix(self._last_key, key)
+            self._counter += 1
         else:
+            shared = 0
             self._restarts.append(len(self._buf))
-            self._counter = 0
+            self._counter = 1
+        non_shared = len(key) - shared
+        value_len = len(value)
         buf = self._buf
-        buf += encode_varint(shared)
-        buf += encode_varint(len(key) - shared)
-        buf += encode_varint(len(value))
+        if shared < 0x80 and non_shared < 0x80 and value_len < 0x80:
+            buf += bytes((shared, non_shared, value_len))  # one byte per varint, the norm
+        else:
+            buf += encode_varint(shared) + encode_varint(non_shared) + encode_varint(value_len)
         buf += key[shared:]
         buf += value
         self._last_key = key
-        self._counter += 1
 
     def finish(self) -> bytes:
         tail = struct.pack(f"<{len(self._restarts) + 1}I", *self._restarts, len(self._restarts))
@@ -174,9 +187,10 @@ class TableBuilder:
             sep = shortest_separator(self._last_key, key)
             self._index.add(sep, self._pending.encode())
             self._pending = None
-        self._data.add(key, value)
+        data = self._data
+        data.add(key, value)
         self._last_key = key
-        if self._data.estimated_size() >= self._block_size:
+        if data.estimated_size() >= self._block_size:
             self._flush()
 
     def _flush(self) -> None:
@@ -259,20 +273,26 @@ def _block_entries(block: memoryview, base: int, path: str) -> list[tuple[bytes,
     key = b""
     pos = 0
     raw = bytes(block[:limit])
+    append = entries.append
     while pos < limit:
         start = pos
-        try:
-            shared, pos = _varint(raw, pos, limit, "entry")
-            non_shared, pos = _varint(raw, pos, limit, "entry")
-            value_len, pos = _varint(raw, pos, limit, "entry")
-        except ValueError:
-            raise _corrupt(path, base + start, "bad entry header") from None
-        if shared > len(key) or pos + non_shared + value_len > limit:
+        # Three varints; one byte each in practice, so that case skips the decoder.
+        if pos + 3 <= limit and raw[pos] < 0x80 and raw[pos + 1] < 0x80 and raw[pos + 2] < 0x80:
+            shared, non_shared, value_len = raw[pos], raw[pos + 1], raw[pos + 2]
+            pos += 3
+        else:
+            try:
+                shared, pos = _varint(raw, pos, limit, "entry")
+                non_shared, pos = _varint(raw, pos, limit, "entry")
+                value_len, pos = _varint(raw, pos, limit, "entry")
+            except ValueError:
+                raise _corrupt(path, base + start, "bad entry header") from None
+        end = pos + non_shared
+        if shared > len(key) or end + value_len > limit:
             raise _corrupt(path, base + start, "entry runs past the end of its block")
-        key = key[:shared] + raw[pos : pos + non_shared]
-        pos += non_shared
-        entries.append((key, raw[pos : pos + value_len]))
-        pos += value_len
+        key = key[:shared] + raw[pos:end]
+        pos = end + value_len
+        append((key, raw[end:pos]))
     return entries
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
+import struct
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
@@ -24,11 +25,11 @@ from trackpoint.bundle.entries import make_entry, make_header
 from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
 from trackpoint.bundle.slice_spec import TensorSlice, encode_slice_key
 from trackpoint.bundle.strings import encode_strings, string_elements
-from trackpoint.bundle.table import TableBuilder
+from trackpoint.bundle.table import TableBuilder, encode_varint
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing_extensions import Buffer, Self
 
     from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto
     from trackpoint.storage.base import Storage
@@ -39,6 +40,42 @@ logger = logging.getLogger(__name__)
 
 # Copies of non-contiguous arrays are made this many bytes at a time.
 _CHUNK_BYTES = 8 << 20
+# Tensors below this size are gathered into one buffer and written together: one storage
+# write per tensor costs more than the copy for the many small tensors of a real model.
+_GATHER_BYTES = 64 << 10
+_GATHER_FLUSH = 1 << 20
+
+
+def _varint_field(tag: bytes, value: int) -> bytes:
+    """A varint field of a proto3 message; zero is the default and is left out."""
+    if not value:
+        return b""
+    if value < 0:  # int32/int64 negatives are 10-byte two's complement varints
+        value &= (1 << 64) - 1
+    return tag + encode_varint(value)
+
+
+def _entry_head(datatype: int, shape: tuple[int, ...]) -> bytes:
+    """Fields 1-2 of a ``BundleEntryProto``: dtype and shape (always present, §5).
+
+    Serialized by hand, as protobuf does (field order, defaults omitted, ``12 00`` for a
+    scalar's empty shape): building a message per tensor costs more than the tensor's I/O.
+    ``tests/bundle/test_entry_encoding.py`` pins the bytes against protobuf's.
+    """
+    dims = b"".join(
+        b"\x12" + encode_varint(len(dim)) + dim
+        for dim in (_varint_field(b"\x08", size) for size in shape)
+    )
+    return _varint_field(b"\x08", datatype) + b"\x12" + encode_varint(len(dims)) + dims
+
+
+def _entry_tail(offset: int, size: int, masked_crc: int) -> bytes:
+    """Fields 4-6 of a ``BundleEntryProto`` (shard_id, field 3, is 0 in a one-file bundle)."""
+    return (
+        _varint_field(b"\x20", offset)
+        + _varint_field(b"\x28", size)
+        + (b"\x35" + struct.pack("<I", masked_crc) if masked_crc else b"")
+    )
 
 
 def _is_little_endian(dtype: np.dtype) -> bool:
@@ -74,7 +111,7 @@ class BundleWriter:
     The data file is opened (and the prefix's parent directory created) on construction.
     Nothing exists as a checkpoint until :meth:`finish` writes ``prefix.index``. Used as a
     context manager, the bundle is finished on a clean exit and aborted (data file removed)
-    when the block raises.
+    when the block raises. Not thread-safe: one thread adds to one writer.
 
     Example::
 
@@ -92,9 +129,16 @@ class BundleWriter:
             self._storage.makedirs(parent)
         self._file: BinaryIO | None = self._storage.open_write(self._data_path)
         self._offset = 0
-        self._entries: dict[bytes, BundleEntryProto] = {}
+        # Serialized entries; a partitioned tensor's full entry stays a message while slices
+        # are added to it.
+        self._entries: dict[bytes, bytes | BundleEntryProto] = {}
         self._slices: dict[str, list[TensorSlice]] = {}
         self._finished = False
+        self._gathered = bytearray()  # small tensors not yet handed to the file
+        # Per-dtype (DataType, exports a buffer) and per-(DataType, shape) entry heads: the
+        # same few dtypes and shapes recur across a model's tensors.
+        self._kinds: dict[np.dtype, tuple[DataType, bool]] = {}
+        self._heads: dict[tuple[int, tuple[int, ...]], bytes] = {}
 
     @property
     def prefix(self) -> str:
@@ -123,7 +167,7 @@ class BundleWriter:
                 path=self._prefix,
                 key=str(key),
             )
-        if key.startswith("\x00"):
+        if key[0] == "\x00":
             raise InvalidArgumentError(
                 f"Invalid checkpoint key {key!r}: keys starting with NUL are reserved for "
                 "slice entries",
@@ -139,16 +183,10 @@ class BundleWriter:
                 key=key,
             ) from exc
 
-    def add(self, key: str, array: np.ndarray) -> None:
-        """Append ``array`` under ``key``.
-
-        C-contiguous little-endian arrays are written from their own buffer without a copy.
-
-        Raises:
-            InvalidArgumentError: empty or duplicate key ("duplicate key"), unsupported dtype.
-            FailedPreconditionError: the writer is finished or aborted.
-        """
-        self._check_open()
+    def _new_key(self, key: str) -> bytes:
+        """``key`` as index bytes, after checking the writer is open and the key is new."""
+        if self._file is None:
+            self._check_open()
         raw_key = self._key_bytes(key)
         if raw_key in self._entries:
             raise InvalidArgumentError(
@@ -157,8 +195,91 @@ class BundleWriter:
                 path=self._prefix,
                 key=key,
             )
-        array = np.asarray(array)
+        return raw_key
+
+    def add(self, key: str, array: np.ndarray) -> None:
+        """Append ``array`` under ``key``.
+
+        C-contiguous little-endian arrays are written from their own buffer without a copy
+        (tensors under 64 KiB are gathered and written together).
+
+        Raises:
+            InvalidArgumentError: empty or duplicate key ("duplicate key"), unsupported dtype.
+            FailedPreconditionError: the writer is finished or aborted.
+        """
+        raw_key = self._new_key(key)
+        if type(array) is not np.ndarray:
+            array = np.asarray(array)
         self._entries[raw_key] = self._write_tensor(key, array)
+
+    def add_chunks(
+        self,
+        key: str,
+        dtype: np.dtype,
+        shape: Sequence[int],
+        chunks: Iterable[Buffer],
+        *,
+        full_shape: Sequence[int] | None = None,
+        tensor_slice: TensorSlice | str | None = None,
+    ) -> None:
+        """Append a numeric tensor (or one slice of one) whose bytes arrive in pieces.
+
+        For values that are never whole in memory (a bounded async snapshot streams them
+        through a staging buffer): ``chunks`` yields the tensor's C-order little-endian bytes
+        in order, each piece (bytes or a uint8 array) hashed and written before the next is
+        requested, so a piece's memory may be reused once the iterator is resumed. The result
+        is byte-identical to :meth:`add` (or :meth:`add_slice` when ``tensor_slice`` and
+        ``full_shape`` are given) of the assembled array.
+
+        Raises:
+            InvalidArgumentError: duplicate key, a string or unsupported ``dtype``, a slice
+                that does not match ``shape``, or pieces that do not add up to the size.
+        """
+        dtype = np.dtype(dtype)
+        shape = tuple(int(d) for d in shape)
+        datatype = datatype_for(dtype, key=key)
+        if datatype == DataType.DT_STRING:
+            raise InvalidArgumentError(
+                f"add_chunks cannot write string tensor '{key}'; use add()", key=key
+            )
+
+        def write() -> bytes:
+            return self._write_chunks(key, datatype, dtype, shape, chunks)
+
+        if tensor_slice is None:
+            raw_key = self._new_key(key)
+            self._entries[raw_key] = write()
+        else:
+            if full_shape is None:
+                raise InvalidArgumentError(
+                    f"add_chunks for slice '{tensor_slice}' of '{key}' needs full_shape",
+                    path=self._prefix,
+                    key=key,
+                )
+            self._add_slice(key, full_shape, tensor_slice, shape, datatype, write)
+
+    def _write_chunks(
+        self,
+        key: str,
+        datatype: DataType,
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+        chunks: Iterable[Buffer],
+    ) -> bytes:
+        expected = math.prod(shape) * dtype.itemsize
+        offset, crc = self._offset, 0
+        for chunk in chunks:
+            crc = extend(crc, chunk)
+            self._write(chunk)
+        size = self._offset - offset
+        if size != expected:
+            raise InvalidArgumentError(
+                f"add_chunks for '{key}' got {size} bytes, expected {expected} for {dtype} "
+                f"{list(shape)}",
+                path=self._prefix,
+                key=key,
+            )
+        return self._encode(datatype, shape, offset, size, mask(crc))
 
     def add_slice(
         self,
@@ -177,31 +298,62 @@ class BundleWriter:
                 not fit, dtype or full shape differ from earlier slices of ``key``, the slice
                 overlaps one already added, or ``key`` holds an unsliced tensor.
         """
+        array = np.asarray(array)
+        self._add_slice(
+            key,
+            full_shape,
+            tensor_slice,
+            array.shape,
+            None,
+            lambda: self._write_tensor(key, array),
+            array,
+        )
+
+    def _add_slice(
+        self,
+        key: str,
+        full_shape: Sequence[int],
+        tensor_slice: TensorSlice | str,
+        shape: tuple[int, ...],
+        datatype: DataType | None,
+        write: Callable[[], bytes],
+        array: np.ndarray | None = None,
+    ) -> None:
+        """Register slice ``tensor_slice`` of ``key`` whose bytes ``write`` appends.
+
+        ``datatype`` None means ``array``'s; a slice covering the whole tensor becomes a plain
+        entry (``add(key, array)``, or ``write()`` under the plain key).
+        """
         self._check_open()
         if isinstance(tensor_slice, str):
             tensor_slice = TensorSlice.parse(tensor_slice)
         full_shape = tuple(int(d) for d in full_shape)
         raw_key = self._key_bytes(key)
-        array = np.asarray(array)
         expected = tensor_slice.shape_in(full_shape)
-        if array.shape != expected:
+        if shape != expected:
             raise InvalidArgumentError(
                 f"Slice '{tensor_slice}' of key '{key}' (full shape {list(full_shape)}) has "
-                f"shape {list(expected)}, but the array has shape {list(array.shape)}",
+                f"shape {list(expected)}, but the array has shape {list(shape)}",
                 path=self._prefix,
                 key=key,
             )
         if tensor_slice.is_full(full_shape):
-            self.add(key, array)
+            if array is not None:
+                self.add(key, array)
+            else:
+                self._entries[self._new_key(key)] = write()
             return
-        datatype = datatype_for(array.dtype, key=key)
+        if datatype is None:
+            assert array is not None
+            datatype = datatype_for(array.dtype, key=key)
         full = self._entries.get(raw_key)
         if full is None:
             full = make_entry(datatype, full_shape)
         else:
             self._check_compatible_slice(key, full, datatype, full_shape, tensor_slice)
+        assert not isinstance(full, bytes)  # _check_compatible_slice rejects plain entries
         slice_key = encode_slice_key(key, tensor_slice)
-        self._entries[slice_key] = self._write_tensor(key, array)
+        self._entries[slice_key] = write()
         full.slices.append(tensor_slice.to_proto())
         self._entries[raw_key] = full
         self._slices.setdefault(key, []).append(tensor_slice)
@@ -209,12 +361,12 @@ class BundleWriter:
     def _check_compatible_slice(
         self,
         key: str,
-        full: BundleEntryProto,
+        full: bytes | BundleEntryProto,
         datatype: DataType,
         full_shape: tuple[int, ...],
         tensor_slice: TensorSlice,
     ) -> None:
-        if not full.slices:
+        if isinstance(full, bytes) or not full.slices:
             raise InvalidArgumentError(
                 f"Adding duplicate key '{key}' to bundle {self._prefix}: it already holds an "
                 "unsliced tensor",
@@ -239,11 +391,45 @@ class BundleWriter:
                     key=key,
                 )
 
-    def _write_tensor(self, key: str, array: np.ndarray) -> BundleEntryProto:
-        """Append the bytes of ``array`` and return its entry (§6)."""
-        datatype = datatype_for(array.dtype, key=key)
+    def _kind(self, dtype: np.dtype, key: str) -> tuple[DataType, bool]:
+        """(DataType, whether the dtype exports a buffer) of ``dtype``, cached per writer."""
+        kind = self._kinds.get(dtype)
+        if kind is None:
+            datatype = datatype_for(dtype, key=key)
+            try:
+                memoryview(np.empty(0, dtype))
+            except (ValueError, TypeError):  # bfloat16 & co. have no buffer format
+                exports = False
+            else:
+                exports = datatype != DataType.DT_STRING
+            kind = self._kinds[dtype] = (datatype, exports)
+        return kind
+
+    def _encode(
+        self, datatype: int, shape: tuple[int, ...], offset: int, size: int, masked: int
+    ) -> bytes:
+        """The serialized ``BundleEntryProto`` of a tensor in this one-file bundle."""
+        head = self._heads.get((datatype, shape))
+        if head is None:
+            head = self._heads[(datatype, shape)] = _entry_head(datatype, shape)
+        return head + _entry_tail(offset, size, masked)
+
+    def _write_tensor(self, key: str, array: np.ndarray) -> bytes:
+        """Append the bytes of ``array`` and return its serialized entry (§6)."""
+        datatype, exports = self._kind(array.dtype, key)
         offset = self._offset
-        if datatype == DataType.DT_STRING:
+        if exports and array.flags.c_contiguous and _is_little_endian(array.dtype):
+            # The common case, kept short: hash and write from the array's own buffer.
+            size = array.nbytes
+            masked = mask(crc32c(array))
+            if size < _GATHER_BYTES:
+                self._gathered += memoryview(array)  # any C-contiguous buffer, as bytes
+                self._offset += size
+                if len(self._gathered) >= _GATHER_FLUSH:
+                    self._flush_gathered()
+            else:
+                self._write(array.reshape(-1).view(np.uint8))
+        elif datatype == DataType.DT_STRING:
             encoded = encode_strings(string_elements(array, key))
             self._write(encoded.header)
             self._write(encoded.payload)
@@ -251,7 +437,7 @@ class BundleWriter:
         else:
             size, crc = self._write_numeric(array)
             masked = mask(crc)
-        return make_entry(datatype, array.shape, offset=offset, size=size, crc32c=masked)
+        return self._encode(datatype, array.shape, offset, size, masked)
 
     def _write_numeric(self, array: np.ndarray) -> tuple[int, int]:
         dtype = array.dtype
@@ -269,12 +455,27 @@ class BundleWriter:
             size += buf.size
         return size, crc
 
-    def _write(self, data: bytes | np.ndarray) -> None:
+    def _write(self, data: bytes | np.ndarray | memoryview) -> None:
         file = self._check_open()
         view = memoryview(data)
-        if view.nbytes:
-            file.write(view)
-            self._offset += view.nbytes
+        nbytes = view.nbytes
+        if not nbytes:
+            return
+        if nbytes < _GATHER_BYTES:
+            self._gathered += view
+            self._offset += nbytes
+            if len(self._gathered) >= _GATHER_FLUSH:
+                self._flush_gathered()
+            return
+        self._flush_gathered()
+        file.write(view)
+        self._offset += nbytes
+
+    def _flush_gathered(self) -> None:
+        if self._gathered:
+            file = self._check_open()
+            file.write(self._gathered)
+            self._gathered = bytearray()
 
     # -- finishing -------------------------------------------------------------------------
     def finish(self) -> None:
@@ -283,14 +484,17 @@ class BundleWriter:
         Raises:
             FailedPreconditionError: called twice, or after :meth:`abort`.
         """
+        self._flush_gathered()
         file = self._check_open()
         self._file = None
         self._finished = True
         file.close()
         builder = TableBuilder()
         builder.add(b"", make_header(1).SerializeToString())
-        for raw_key in sorted(self._entries):
-            builder.add(raw_key, self._entries[raw_key].SerializeToString())
+        entries = self._entries
+        for raw_key in sorted(entries):
+            value = entries[raw_key]
+            builder.add(raw_key, value if isinstance(value, bytes) else value.SerializeToString())
         self._storage.write_atomic(self._index_path, builder.finish())
         logger.debug(
             "wrote bundle %s: %d entries, %d data bytes",
@@ -302,6 +506,7 @@ class BundleWriter:
     def abort(self) -> None:
         """Stop writing and delete the data file; no index is written. Idempotent."""
         file, self._file = self._file, None
+        self._gathered = bytearray()
         if file is None:
             return
         try:

@@ -11,9 +11,9 @@ import argparse
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+from trackpoint.cli.progress import ByteProgress, human_bytes
 from trackpoint.integrations.convert import FORMATS, ConversionResult, convert
 from trackpoint.integrations.key_map import KeyMap
 
@@ -55,32 +55,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
 def _run(args: argparse.Namespace, console: Console, key_map: KeyMap | None) -> ConversionResult:
     kwargs: dict[str, Any] = {
         "key_map": key_map, "root": args.root, "source_format": args.src_format,
         "destination_format": args.dst_format, "overwrite": args.force,
     }
-    if not console.is_terminal:
-        return convert(args.src, args.dst, **kwargs)
-    columns = (
-        TextColumn("[bold]converting"), BarColumn(), DownloadColumn(), TransferSpeedColumn()
-    )
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("convert", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        return convert(args.src, args.dst, progress=progress, **kwargs)
+    # A bar (bytes, rate, time left) only for large conversions on a terminal.
+    with ByteProgress(console, "converting") as bar:
+        return convert(args.src, args.dst, progress=bar.update, **kwargs)
 
 
 def cmd_convert(args: argparse.Namespace, console: Console) -> int:
@@ -89,7 +71,7 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     result = _run(args, console, key_map)
     console.print(
         f"[bold green]wrote[/] {result.destination} ({result.destination_format}): "
-        f"{len(result.names)} tensors, {_human(result.nbytes)} from {result.source} "
+        f"{len(result.names)} tensors, {human_bytes(result.nbytes)} from {result.source} "
         f"({result.source_format})",
         highlight=False,
     )

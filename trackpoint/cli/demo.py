@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
 __all__ = ["run", "train"]
@@ -147,6 +148,11 @@ def train(directory: str, steps: int, seed: int, emit: Any = None,
     resumed_from = manager.restore_or_initialize()
     emit = emit or (lambda **kw: None)
     emit(event="start", step=int(step.numpy()), resumed_from=resumed_from)
+    # The last progress event of each save carries its figures (tp.metrics.WriteStats).
+    figures: list[Any] = []
+    options = tp.CheckpointOptions(
+        progress=lambda e: figures.append(e.stats) if e.stats is not None else None
+    )
     save_ms = []
     loss = float("nan")
     while int(step.numpy()) < steps:
@@ -155,9 +161,12 @@ def train(directory: str, steps: int, seed: int, emit: Any = None,
         step.assign(step.numpy() + 1)
         if int(step.numpy()) % SAVE_EVERY == 0:
             t0 = time.perf_counter()
-            path = manager.save()
+            path = manager.save(options=options)
             save_ms.append((time.perf_counter() - t0) * 1e3)
-            emit(event="saved", step=int(step.numpy()), path=path, ms=save_ms[-1])
+            stats = figures.pop()
+            emit(event="saved", step=int(step.numpy()), path=path, ms=save_ms[-1],
+                 blocking_ms=stats.blocking_seconds * 1e3, bytes=stats.checkpoint_bytes,
+                 shards=stats.num_shards, training_s=stats.training_seconds)
     final = tp.Checkpoint(**run.state(), step=step)
     final_path = final.write(os.path.join(directory, "final"))
     emit(event="done", step=int(step.numpy()), loss=loss, final=final_path)
@@ -186,6 +195,20 @@ def _events(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def _saves_table(saves: list[dict[str, Any]], last: int = 8) -> Table:
+    """The figures of the latest saves, as the progress callback reported them."""
+    table = Table(title="checkpoints written (live)", title_justify="left")
+    for column in ("step", "blocked", "size", "shards", "training since previous"):
+        table.add_column(column, justify="right")
+    for save in saves[-last:]:
+        training = save.get("training_s")
+        table.add_row(
+            str(save["step"]), f"{save['blocking_ms']:.1f} ms", f"{save['bytes']:,} B",
+            str(save["shards"]), "-" if training is None else f"{training * 1e3:.0f} ms",
+        )
+    return table
+
+
 def _dir_bytes(directory: str) -> int:
     return sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)
                if os.path.isfile(os.path.join(directory, f)))
@@ -210,13 +233,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
     proc = _spawn(crashed, args.steps, args.seed, backend)
     assert proc.stdout is not None
     kill_after_saves = rng.randint(1, max(1, args.steps // SAVE_EVERY // 2))
-    killed_after, saves_seen = None, 0
-    for line in proc.stdout:
-        event = json.loads(line)
-        if event["event"] == "saved":
-            killed_after, saves_seen = event["step"], saves_seen + 1
-            if saves_seen >= kill_after_saves:
-                break
+    killed_after, saved = None, []
+    with Live(_saves_table(saved), console=console, auto_refresh=False) as live:
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["event"] == "saved":
+                killed_after = event["step"]
+                saved.append(event)
+                live.update(_saves_table(saved), refresh=True)
+                if len(saved) >= kill_after_saves:
+                    break
     time.sleep(rng.uniform(0.0, 0.3))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -254,6 +280,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if saves:
         ms = sorted(e["ms"] for e in saves)
         table.add_row("median save time", f"{ms[len(ms) // 2]:.1f} ms")
+        blocked = sorted(e["blocking_ms"] for e in saves)
+        table.add_row("median time training was blocked (figures)",
+                      f"{blocked[len(blocked) // 2]:.1f} ms")
+        table.add_row("checkpoint size (figures)", f"{saves[-1]['bytes']:,} B")
     table.add_row("tensors compared", str(len(keys)))
     console.print(table)
     if mismatched:

@@ -7,24 +7,15 @@ import sys
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from trackpoint.bundle import BundleReader, DataType
+from trackpoint.bundle import BundleReader, DataType, data_filename, index_filename
 from trackpoint.checkpoint_utils import resolve_prefix
+from trackpoint.cli.progress import ByteProgress, human_bytes
 from trackpoint.errors import CheckpointError
 from trackpoint.storage import storage_for
 
 __all__ = ["cmd_cat", "cmd_info", "cmd_ls", "cmd_objects", "cmd_verify", "data_file_sizes"]
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def _dtype_name(reader: BundleReader, key: str) -> str:
@@ -34,11 +25,11 @@ def _dtype_name(reader: BundleReader, key: str) -> str:
 
 
 def data_file_sizes(prefix: str, num_shards: int) -> list[tuple[str, int]]:
-    """(file name, bytes) of each data file of the checkpoint at ``prefix``."""
+    """(file name, bytes) of each data file of the checkpoint at ``prefix``; -1 if missing."""
     storage = storage_for(prefix)
     out = []
     for shard in range(num_shards):
-        path = f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+        path = data_filename(prefix, shard, num_shards)
         out.append((storage.basename(path), storage.size(path) if storage.exists(path) else -1))
     return out
 
@@ -59,25 +50,35 @@ def cmd_ls(args: argparse.Namespace, console: Console) -> int:
             sliced = f" ({len(reader.slices(key))} slices)" if reader.entry(key).slices else ""
             table.add_row(key, _dtype_name(reader, key), shape + sliced, f"{nbytes:,}")
         console.print(table)
-        console.print(f"{len(reader.keys())} tensors, {_human(total)}")
+        console.print(f"{len(reader.keys())} tensors, {human_bytes(total)}")
         if args.stats:
             _print_stats(prefix, reader.num_shards, console)
     return 0
 
 
 def _print_stats(prefix: str, num_shards: int, console: Console) -> None:
+    """The checkpoint's files and sizes: what ``trackpoint.metrics`` records for a save."""
     storage = storage_for(prefix)
     files = data_file_sizes(prefix, num_shards)
-    index_bytes = storage.size(prefix + ".index")
+    index_bytes = storage.size(index_filename(prefix))
+    total = index_bytes + sum(max(size, 0) for _, size in files)
     table = Table(title="files", title_justify="left")
     table.add_column("file")
     table.add_column("bytes", justify="right")
-    table.add_row(storage.basename(prefix) + ".index", f"{index_bytes:,}")
+    table.add_column("share", justify="right")
+
+    def share(size: int) -> str:
+        return f"{100 * size / total:.1f}%" if total else "-"
+
+    table.add_row(storage.basename(index_filename(prefix)), f"{index_bytes:,}", share(index_bytes))
     for name, size in files:
-        table.add_row(name, "missing" if size < 0 else f"{size:,}")
+        table.add_row(name, *(("missing", "-") if size < 0 else (f"{size:,}", share(size))))
     console.print(table)
-    total = index_bytes + sum(max(size, 0) for _, size in files)
-    console.print(f"checkpoint size {_human(total)} ({total:,} bytes), {num_shards} shard(s)")
+    missing = sum(1 for _, size in files if size < 0)
+    note = f", [bold red]{missing} missing[/]" if missing else ""
+    console.print(
+        f"checkpoint size {human_bytes(total)} ({total:,} bytes), {num_shards} shard(s){note}"
+    )
 
 
 def cmd_info(args: argparse.Namespace, console: Console) -> int:
@@ -93,22 +94,15 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     with BundleReader(prefix) as reader:
         keys = reader.keys()
         sizes = {key: reader.stored_bytes(key) for key in keys}
-        progress = Progress(
-            TextColumn("verifying"),
-            BarColumn(),
-            TransferSpeedColumn(),
-            console=console,
-            transient=True,
-            disable=not console.is_terminal,
-        )
-        with progress:
-            task = progress.add_task("verify", total=sum(sizes.values()) or 1)
+        total, done = sum(sizes.values()), 0
+        with ByteProgress(console, "verifying") as bar:  # large checkpoints on a terminal
             for key in keys:
                 try:
                     reader.verify(key)
                 except CheckpointError as exc:
                     problems.append((key, str(exc)))
-                progress.advance(task, sizes[key])
+                done += sizes[key]
+                bar.update(done, total)
     if problems:
         table = Table(title=f"damaged tensors in {prefix}", title_justify="left")
         table.add_column("key", overflow="fold")
@@ -122,7 +116,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
         return 1
     total = sum(sizes.values())
     console.print(
-        f"[bold green]OK[/]: {len(keys)} tensors, {_human(total)}, every checksum matches"
+        f"[bold green]OK[/]: {len(keys)} tensors, {human_bytes(total)}, every checksum matches"
     )
     return 0
 

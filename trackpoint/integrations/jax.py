@@ -77,11 +77,7 @@ def write(prefix: PathLike, tree: Any, *, options: CheckpointOptions | None = No
         >>> tp.jax.restore("/tmp/ckpt", {"params": params, "step": 0})["step"]
         3
     """
-    options = options if options is not None else CheckpointOptions()
-    if not isinstance(options, CheckpointOptions):
-        raise InvalidArgumentError(
-            f"options must be a tp.CheckpointOptions, got {type(options).__name__}"
-        )
+    options = CheckpointOptions.resolve(options)
     if options.enable_async:
         raise InvalidArgumentError(
             "tp.jax.write() blocks until the checkpoint is committed; for a background save "

@@ -288,10 +288,7 @@ def restore(
         >>> state = tp.jax.restore("/ckpts/run-3", {"params": params, "opt_state": opt_state})
         >>> params, opt_state = state["params"], state["opt_state"]
     """
-    if options is not None and not isinstance(options, CheckpointOptions):
-        raise InvalidArgumentError(
-            f"options must be a tp.CheckpointOptions, got {type(options).__name__}"
-        )
+    CheckpointOptions.resolve(options)  # refuses anything but options or None
     prefix = _resolve_prefix(fspath(path))
     with CheckpointReader(prefix) as reader:
         found, missing, unused, treedef = _match(reader, target, prefix)

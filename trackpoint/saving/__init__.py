@@ -7,6 +7,7 @@ from trackpoint.saving import sharding
 from trackpoint.saving.async_writer import AsyncWriter
 from trackpoint.saving.devices import LOCAL_TASK, DeviceValue, task_of
 from trackpoint.saving.options import CheckpointOptions, WriteCallback
+from trackpoint.saving.progress import ProgressEvent
 from trackpoint.saving.registration import (
     RegisteredSaver,
     get_registered_saver,
@@ -16,7 +17,7 @@ from trackpoint.saving.registration import (
     registered_savers,
     unregister_checkpoint_saver,
 )
-from trackpoint.saving.saver import MultiDeviceSaver, ProgressEvent, local_name
+from trackpoint.saving.saver import MultiDeviceSaver, local_name
 from trackpoint.saving.sharding import (
     MaxShardSizePolicy,
     Shard,

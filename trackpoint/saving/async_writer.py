@@ -21,17 +21,22 @@ import weakref
 
 import numpy as np
 
+from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
 from trackpoint.errors import FailedPreconditionError
 from trackpoint.saving.options import CheckpointOptions
+from trackpoint.saving.progress import ProgressEvent
 from trackpoint.saving.saver import MultiDeviceSaver, SaveSnapshot
+from trackpoint.saving.staging import StagedSnapshot, Stager, StagingAborted
 from trackpoint.storage import Storage
 
 __all__ = ["AsyncWriter"]
 
 logger = logging.getLogger(__name__)
 
-_Job = tuple[MultiDeviceSaver, SaveSnapshot, str, CheckpointOptions, "Storage | None"]
+_Job = tuple[
+    MultiDeviceSaver, SaveSnapshot, str, CheckpointOptions, "Storage | None", metrics.WriteTiming
+]
 
 
 class _Shared:
@@ -54,16 +59,18 @@ def _run(shared: _Shared) -> None:
         job = shared.jobs.get()
         if job is None:
             return
-        saver, snapshot, prefix, options, storage = job
+        saver, snapshot, prefix, options, storage, timing = job
         try:
-            saver.save_snapshot(snapshot, prefix, options, storage=storage)
+            saver.save_snapshot(snapshot, prefix, options, storage=storage, timing=timing)
         except BaseException as exc:  # kept for sync(); the thread must survive
             logger.error("Asynchronous save to %s failed: %s", prefix, exc)
             shared.error = exc
+            if isinstance(snapshot, StagedSnapshot) and snapshot.stager is not None:
+                snapshot.stager.abort(exc)  # the caller may be waiting for staging space
         finally:
             # Drop every reference before reporting idle: a daemon thread that frees framework
             # objects (torch tensors behind numpy views) during interpreter exit aborts it.
-            del saver, snapshot, options, storage, job
+            del saver, snapshot, options, storage, timing, job
             shared.idle.set()
 
 
@@ -101,6 +108,7 @@ class AsyncWriter:
         self._lock = threading.Lock()  # serializes save() callers
         self._thread: list[threading.Thread] = []  # 0 or 1 thread, shared with the finalizer
         self._buffers: dict[tuple[str, str], np.ndarray] = {}
+        self._staging: np.ndarray | None = None  # ring buffer of bounded (staged) saves
         self._closed = False
         self._finalizer = weakref.finalize(
             self, _finalize, self._shared, self._thread, exit_timeout
@@ -118,12 +126,22 @@ class AsyncWriter:
         options: CheckpointOptions | None = None,
         *,
         storage: Storage | None = None,
+        timing: metrics.WriteTiming | None = None,
     ) -> str:
         """Snapshot ``saver``'s values now and write them to ``prefix`` in the background.
 
         Waits for the previous save first. Callables are evaluated here, on the caller's
-        thread. If the snapshot would need more than ``options.max_staging_bytes`` of host
-        memory, the save is written synchronously instead (no extra memory, blocks longer).
+        thread. If the values exceed ``options.max_staging_bytes``, they are copied through a
+        staging buffer of that size while the writer thread writes them, and this call
+        returns once the last value is copied (blocking longer, but holding at most that
+        much extra memory); the files are the same. A saver that overrides ``save_snapshot``
+        (distributed) then saves synchronously instead.
+
+        The figures of the write (``trackpoint.metrics.WriteStats``, mode ``"async"``) are
+        recorded when the background part commits: the blocking part lasts from ``timing``
+        (``trackpoint.metrics.begin_write()``, by default this call) until the snapshot is
+        handed to the writer thread. ``options.progress`` gets a ``"stage"`` event here, on
+        the caller's thread, and the other events on the writer thread.
 
         Returns:
             ``prefix``; the checkpoint exists once ``sync()`` returns.
@@ -133,6 +151,7 @@ class AsyncWriter:
             Exception: the error of the previous background save, if it failed (that save is
                 lost; this one is not started).
         """
+        timing = timing or metrics.begin_write()
         options = options or CheckpointOptions()
         prefix_str = fspath(prefix)
         background = dataclasses.replace(options, enable_async=False)
@@ -146,25 +165,80 @@ class AsyncWriter:
             snapshot = saver.snapshot()
             limit = options.max_staging_bytes
             if limit is not None and snapshot.nbytes > limit:
+                self._buffers.clear()
+                if type(saver).save_snapshot is MultiDeviceSaver.save_snapshot:
+                    self._save_staged(saver, snapshot, prefix_str, options, storage, timing)
+                    return prefix_str
+                # A saver with its own save_snapshot (distributed) cannot take staged shards.
                 logger.info(
                     "Saving %s synchronously: its %d bytes exceed max_staging_bytes=%d",
                     prefix_str, snapshot.nbytes, limit,
                 )
-                self._buffers.clear()
-                return saver.save_snapshot(snapshot, prefix_str, background, storage=storage)
+                return saver.save_snapshot(
+                    snapshot, prefix_str, background, storage=storage, timing=timing
+                )
+            self._staging = None
             copied = snapshot.copy(self._buffers)
-            self._shared.idle.clear()
-            if not self._thread or not self._thread[0].is_alive():
-                # A daemon thread: the finalizer decides how long exit waits for it.
-                self._thread[:] = [
-                    threading.Thread(
-                        target=_run, args=(self._shared,), name="trackpoint-async-save",
-                        daemon=True,
-                    )
-                ]
-                self._thread[0].start()
-            self._shared.jobs.put((saver, copied, prefix_str, background, storage))
+            if options.progress is not None:
+                staged = copied.nbytes
+                options.progress(ProgressEvent(prefix_str, "stage", 0, 0, staged, staged))
+            timing = metrics.end_blocking(timing)  # training resumes: restart its clock
+            self._submit((saver, copied, prefix_str, background, storage, timing))
         return prefix_str
+
+    def _submit(self, job: _Job) -> None:
+        """Hand ``job`` to the writer thread (started if needed); the caller holds the lock."""
+        self._shared.idle.clear()
+        if not self._thread or not self._thread[0].is_alive():
+            # A daemon thread: the finalizer decides how long exit waits for it.
+            self._thread[:] = [
+                threading.Thread(
+                    target=_run, args=(self._shared,), name="trackpoint-async-save",
+                    daemon=True,
+                )
+            ]
+            self._thread[0].start()
+        self._shared.jobs.put(job)
+
+    def _save_staged(
+        self,
+        saver: MultiDeviceSaver,
+        snapshot: SaveSnapshot,
+        prefix: str,
+        options: CheckpointOptions,
+        storage: Storage | None,
+        timing: metrics.WriteTiming,
+    ) -> None:
+        """A save bounded by ``options.max_staging_bytes``: staged while it is written.
+
+        The shards are cut here; the writer thread starts on them at once and writes each
+        value as soon as the stager has copied it into the reusable staging buffer. This call
+        returns when the last value is copied (the stager then ends the blocking part of
+        ``timing``; the writer thread takes it from there).
+        """
+        assert options.max_staging_bytes is not None
+        background = dataclasses.replace(options, enable_async=False)
+        stager = Stager(options.max_staging_bytes, self._staging)
+        self._staging = stager.buffer  # kept for the next bounded save
+        shards = stager.stage_shards(saver._shard(snapshot, background))
+        staged = StagedSnapshot(snapshot.tensors_by_task, tuple(shards), stager)
+        self._submit((saver, staged, prefix, background, storage, timing))
+        try:
+            stager.stage(timing)
+        except StagingAborted:
+            return  # the write failed; sync() or the next save raises its error
+        except BaseException:
+            # Copying failed: the aborted write's error would only repeat this one.
+            self._shared.idle.wait()
+            self._shared.error = None
+            raise
+        logger.debug(
+            "Staged %s through %d bytes (peak %d in use)", prefix, stager.capacity,
+            stager.peak_bytes,
+        )
+        if options.progress is not None:
+            nbytes = stager.staged_bytes
+            options.progress(ProgressEvent(prefix, "stage", 0, 0, nbytes, nbytes))
 
     def sync(self) -> None:
         """Block until the pending save is committed; raise its error if it failed."""

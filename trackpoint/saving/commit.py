@@ -40,11 +40,12 @@ import secrets
 import socket
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 
 from trackpoint.bundle.merge import merge_bundles
 from trackpoint.errors import CheckpointError, NotFoundError
-from trackpoint.storage import RangeReader, Storage
+from trackpoint.storage import Storage
+from trackpoint.storage.base import DelegatingStorage
 
 __all__ = ["AtomicCommit"]
 
@@ -70,7 +71,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-class _CommitStorage(Storage):
+class _CommitStorage(DelegatingStorage):
     """The real storage, watched: records data files moved into place and owns the index commit.
 
     ``merge_bundles`` renames data files and writes the merged index through this object; the
@@ -78,30 +79,8 @@ class _CommitStorage(Storage):
     """
 
     def __init__(self, inner: Storage, commit: AtomicCommit) -> None:
-        self.inner = inner
-        self.fsync = inner.fsync
+        super().__init__(inner)
         self._commit = commit
-
-    @property
-    def supports_atomic_rename(self) -> bool:
-        # docstring inherited
-        return self.inner.supports_atomic_rename
-
-    def open_write(self, path: str) -> BinaryIO:
-        # docstring inherited
-        return self.inner.open_write(path)
-
-    def open_range_reader(self, path: str) -> RangeReader:
-        # docstring inherited
-        return self.inner.open_range_reader(path)
-
-    def exists(self, path: str) -> bool:
-        # docstring inherited
-        return self.inner.exists(path)
-
-    def size(self, path: str) -> int:
-        # docstring inherited
-        return self.inner.size(path)
 
     def replace(self, src: str, dst: str) -> None:
         # docstring inherited
@@ -113,38 +92,6 @@ class _CommitStorage(Storage):
             self._commit.before_placing(dst)
             self._commit.placed.append(dst)
         self.inner.replace(src, dst)
-
-    def remove(self, path: str, *, missing_ok: bool = True) -> None:
-        # docstring inherited
-        self.inner.remove(path, missing_ok=missing_ok)
-
-    def remove_tree(self, path: str) -> None:
-        # docstring inherited
-        self.inner.remove_tree(path)
-
-    def list(self, path: str) -> list[str]:
-        # docstring inherited
-        return self.inner.list(path)
-
-    def makedirs(self, path: str) -> None:
-        # docstring inherited
-        self.inner.makedirs(path)
-
-    def sync_dir(self, path: str) -> None:
-        # docstring inherited
-        self.inner.sync_dir(path)
-
-    def join(self, *parts: str) -> str:
-        # docstring inherited
-        return self.inner.join(*parts)
-
-    def dirname(self, path: str) -> str:
-        # docstring inherited
-        return self.inner.dirname(path)
-
-    def basename(self, path: str) -> str:
-        # docstring inherited
-        return self.inner.basename(path)
 
     def write_bytes(self, path: str, data: bytes | memoryview) -> None:
         # docstring inherited

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trackpoint.errors import InvalidArgumentError
+from trackpoint.storage.base import Storage
 
 __all__ = ["CheckpointOptions", "WriteCallback"]
 
@@ -61,9 +62,16 @@ class CheckpointOptions:
         num_io_threads: threads that write shards concurrently (default: up to 4).
         fsync: flush files and directories to stable storage before the commit. Turn off only
             for scratch checkpoints: a machine crash can then lose a "committed" checkpoint.
-        max_staging_bytes: bound on the extra host memory an async snapshot may hold; larger
-            states are snapshotted and written in chunks (the call blocks longer).
+        max_staging_bytes: bound on the extra host memory an async save may hold for its
+            snapshot (default: none, a full copy of the state). A larger state is copied
+            through a reusable staging buffer of this size while the writer thread writes it,
+            so the call returns only once the last value is copied: it blocks for about the
+            time of the write minus the last buffer's worth, instead of for one memory copy.
+            Values are still snapshotted at the call and the files are the same. String
+            values are copied outside the bound (their payloads are immutable objects).
         progress: callable receiving ``trackpoint.saving.ProgressEvent``s during long work.
+        storage: the byte backend to read and write through (e.g. an ``FsspecStorage`` over a
+            configured filesystem); by default chosen from the prefix (``storage_for``).
     """
 
     enable_async: bool = False
@@ -74,6 +82,7 @@ class CheckpointOptions:
     fsync: bool = True
     max_staging_bytes: int | None = None
     progress: Callable[[Any], None] | None = None
+    storage: Storage | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable_async, bool):
@@ -108,6 +117,26 @@ class CheckpointOptions:
             )
         if self.progress is not None and not callable(self.progress):
             raise InvalidArgumentError("progress must be callable")
+        if self.storage is not None and not isinstance(self.storage, Storage):
+            raise InvalidArgumentError(
+                "storage must be a trackpoint.storage.Storage (LocalStorage, FsspecStorage, "
+                f"...), got {type(self.storage).__name__}"
+            )
+
+    @staticmethod
+    def resolve(options: CheckpointOptions | None) -> CheckpointOptions:
+        """``options``, or the defaults for ``None``; anything else is refused.
+
+        Raises:
+            InvalidArgumentError: ``options`` is not a ``CheckpointOptions``.
+        """
+        if options is None:
+            return CheckpointOptions()
+        if not isinstance(options, CheckpointOptions):
+            raise InvalidArgumentError(
+                f"options must be a tp.CheckpointOptions, got {type(options).__name__}"
+            )
+        return options
 
     def run_write_callbacks(self, prefix: str) -> None:
         """Call every write callback in order, passing ``prefix`` to those that take one."""

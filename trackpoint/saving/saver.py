@@ -9,20 +9,30 @@ are merged into ``prefix`` under an atomic commit (:mod:`trackpoint.saving.commi
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.bundle.slice_spec import parse_slice_spec
-from trackpoint.errors import InvalidArgumentError, NotFoundError
+from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
 from trackpoint.saving.commit import AtomicCommit
 from trackpoint.saving.devices import LOCAL_TASK, DeviceValue, task_of
 from trackpoint.saving.options import CheckpointOptions
+from trackpoint.saving.progress import (
+    ProgressEvent,
+    ReadProgress,
+    WrittenFiles,
+    committed_sizes,
+    write_stats,
+)
 from trackpoint.saving.registration import get_registered_saver, objects_to_restore
 from trackpoint.saving.shard_writer import payload_bytes, write_shards
 from trackpoint.saving.sharding import (
@@ -34,6 +44,7 @@ from trackpoint.saving.sharding import (
     validate_shards,
 )
 from trackpoint.saving.snapshot import SaveSnapshot, as_array
+from trackpoint.saving.staging import StagedSnapshot
 from trackpoint.storage import Storage, storage_for
 
 __all__ = ["MultiDeviceSaver", "ProgressEvent", "local_name"]
@@ -53,21 +64,6 @@ def local_name(checkpoint_key: str) -> str:
     """
     index = checkpoint_key.find(_ATTRIBUTES)
     return checkpoint_key if index < 0 else checkpoint_key[index + len(_ATTRIBUTES) :]
-
-
-@dataclass(frozen=True, slots=True)
-class ProgressEvent:
-    """Progress of a save, passed to ``CheckpointOptions.progress``."""
-
-    prefix: str
-    """The checkpoint being written."""
-    phase: str
-    """``"write"`` after each shard is written, ``"commit"`` once the checkpoint exists."""
-    shards_done: int
-    num_shards: int
-    bytes_done: int
-    """Payload bytes of the shards written so far (strings: their byte lengths)."""
-    bytes_total: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +175,7 @@ class MultiDeviceSaver:
         options: CheckpointOptions | None = None,
         *,
         storage: Storage | None = None,
+        timing: metrics.WriteTiming | None = None,
     ) -> str:
         """Write every value to the checkpoint ``prefix``, atomically.
 
@@ -194,6 +191,10 @@ class MultiDeviceSaver:
             prefix: the checkpoint prefix (local path or URL).
             options: settings; ``CheckpointOptions()`` when None.
             storage: the byte backend; by default chosen from ``prefix``.
+            timing: from ``trackpoint.metrics.begin_write()`` when the caller's wait began
+                earlier (``Checkpoint.write`` serializes the object graph first); by default
+                the write is timed from this call. The figures are recorded once, at the
+                commit (``trackpoint.metrics.record_write``), and passed to ``options.progress``.
 
         Returns:
             ``prefix`` as a str.
@@ -203,7 +204,10 @@ class MultiDeviceSaver:
                 values (names the key).
             CheckpointError: writing failed (the save is rolled back).
         """
-        return self.save_snapshot(self.snapshot(), prefix, options, storage=storage)
+        timing = timing or metrics.begin_write()
+        return self.save_snapshot(
+            self.snapshot(), prefix, options, storage=storage, timing=timing
+        )
 
     def save_snapshot(
         self,
@@ -212,21 +216,35 @@ class MultiDeviceSaver:
         options: CheckpointOptions | None = None,
         *,
         storage: Storage | None = None,
+        timing: metrics.WriteTiming | None = None,
     ) -> str:
-        """Like :meth:`save` for values evaluated earlier by :meth:`snapshot` (async saves)."""
+        """Like :meth:`save` for values evaluated earlier by :meth:`snapshot` (async saves).
+
+        A ``timing`` whose ``blocking_seconds`` is set (by an async writer) makes this the
+        background part of an async write: its duration is recorded as such.
+        """
+        started = time.perf_counter()
+        timing = timing or metrics.begin_write()
         options = options or CheckpointOptions()
         prefix_str = fspath(prefix)
-        storage = storage or storage_for(prefix_str, fsync=options.fsync)
+        storage = storage or options.storage or storage_for(prefix_str, fsync=options.fsync)
         commit = AtomicCommit(storage, prefix_str)
         try:
             commit.prepare()
             # Registered savers run before the default shards are written (TF's API contract).
             commit.add_foreign_prefixes(self._run_registered_save_fns(prefix_str))
-            self._write(snapshot, commit, options)
+            written = self._write(snapshot, commit, options)
         except BaseException:
             commit.abort()
             raise
         options.run_write_callbacks(prefix_str)
+        if isinstance(snapshot, StagedSnapshot) and snapshot.stager is not None:
+            # A bounded async save: the caller was blocked until the stager copied the last value.
+            timing = snapshot.stager.caller_timing()
+        stats = write_stats(prefix_str, written, timing, started)
+        metrics.record_write(stats)
+        count, nbytes = written.num_shards, written.payload_bytes
+        self._progress(options, prefix_str, "commit", count, count, nbytes, nbytes, stats=stats)
         return prefix_str
 
     def _run_registered_save_fns(self, prefix: str) -> list[str]:
@@ -250,6 +268,8 @@ class MultiDeviceSaver:
     def _shard(
         self, snapshot: SaveSnapshot, options: CheckpointOptions
     ) -> list[tuple[str, Shard]]:
+        if isinstance(snapshot, StagedSnapshot):
+            return list(snapshot.shards)  # cut on the caller's thread by a bounded async save
         policy: Callable[[Sequence[ShardableTensor]], Iterable[Shard]] = (
             options.sharding_policy or ShardByTaskPolicy()
         )
@@ -267,8 +287,10 @@ class MultiDeviceSaver:
         snapshot: SaveSnapshot,
         commit: AtomicCommit,
         options: CheckpointOptions,
-    ) -> None:
+    ) -> WrittenFiles:
+        policy_started = time.perf_counter()
         shards = self._shard(snapshot, options)
+        sharding_seconds = time.perf_counter() - policy_started
         if not shards:
             # Nothing to write: still produce a valid (empty) checkpoint, one empty data file.
             shards = [(LOCAL_TASK, {})]
@@ -281,19 +303,25 @@ class MultiDeviceSaver:
         for count, index in enumerate(write_shards(jobs, workers), start=1):
             done_bytes += sizes[index]
             self._progress(
-                options, commit.prefix, "write", count, num_shards, done_bytes, sum(sizes)
-            )
+                options, commit.prefix, "write", count, num_shards, done_bytes, sum(sizes),
+                shard_id=index, shard_bytes=sizes[index],
+            )  # fmt: skip
         commit.commit([*commit.foreign_prefixes, *prefixes])
         logger.info("Saved checkpoint %s (%d shards, %d bytes)", commit.prefix, num_shards,
                     sum(sizes))
-        self._progress(
-            options, commit.prefix, "commit", num_shards, num_shards, sum(sizes), sum(sizes)
-        )
+        policy = policy_description(options.sharding_policy or ShardByTaskPolicy())
+        file_bytes, index_bytes = committed_sizes(commit)
+        return WrittenFiles(
+            num_shards, sum(sizes), file_bytes, index_bytes + sum(file_bytes), policy,
+            sharding_seconds,
+        )  # fmt: skip
 
     @staticmethod
-    def _progress(options: CheckpointOptions, prefix: str, phase: str, *counts: int) -> None:
+    def _progress(
+        options: CheckpointOptions, prefix: str, phase: str, *counts: int, **extra: Any
+    ) -> None:
         if options.progress is not None:
-            options.progress(ProgressEvent(prefix, phase, *counts))
+            options.progress(ProgressEvent(prefix, phase, *counts, **extra))
 
     # -- restore ---------------------------------------------------------------------------
     def restore(
@@ -302,8 +330,12 @@ class MultiDeviceSaver:
         options: CheckpointOptions | None = None,
         *,
         storage: Storage | None = None,
+        index: BundleReader | None = None,
     ) -> None:
         """Read every value's key from ``prefix`` and hand them to their trackables.
+
+        ``index``, a reader of ``prefix`` opened earlier (it may be closed), saves reading and
+        parsing the index again: the values are read through ``index.reopen()``.
 
         Values are read task by task. A trackable's ``_restore_from_tensors(tensors)`` is
         called once all of its keys have been read, with ``tensors`` mapping each local name
@@ -319,10 +351,11 @@ class MultiDeviceSaver:
             InvalidArgumentError: a requested slice does not fit the stored tensor, or a
                 registered saver's strict predicate rejects an object.
         """
-        del options  # accepted for symmetry with save(); nothing to configure yet
         prefix_str = fspath(prefix)
-        storage = storage or storage_for(prefix_str)
-        with BundleReader(prefix_str, storage=storage) as reader:
+        storage = storage or (options and options.storage) or storage_for(prefix_str)
+        opened = index.reopen() if index is not None else BundleReader(prefix_str, storage=storage)
+        with opened as reader:
+            reporter = _read_progress(options, reader, self._entries_by_task.values())
             remaining: dict[int, int] = {}
             for entries in self._entries_by_task.values():
                 for entry in entries:
@@ -334,6 +367,8 @@ class MultiDeviceSaver:
                     if entry.trackable is None:
                         continue
                     value = _read(reader, entry)
+                    if reporter is not None:
+                        reporter.advance(value.nbytes)
                     tensors = inputs.setdefault(id(entry.trackable), {})
                     name = local_name(entry.checkpoint_key)
                     if entry.slice_spec:
@@ -359,6 +394,39 @@ class MultiDeviceSaver:
             selected = objects_to_restore(name, objects)
             if selected:
                 saver.restore_fn(selected, prefix)
+
+
+def _read_progress(
+    options: CheckpointOptions | None,
+    reader: BundleReader,
+    entries_by_task: Iterable[list[_Entry]],
+) -> ReadProgress | None:
+    """The reporter of a restore's ``"read"`` events; None without a progress callback."""
+    if options is None or options.progress is None:
+        return None
+    total = sum(
+        _entry_nbytes(reader, entry)
+        for entries in entries_by_task
+        for entry in entries
+        if entry.trackable is not None
+    )
+    return ReadProgress(options.progress, reader, total)
+
+
+def _entry_nbytes(reader: BundleReader, entry: _Entry) -> int:
+    """Bytes of the array ``_read`` returns for ``entry`` (0 if it cannot be read)."""
+    key = entry.checkpoint_key
+    if not reader.has_tensor(key):
+        return 0
+    try:
+        shape = reader.shape(key)
+        if entry.slice_spec:
+            parsed = parse_slice_spec(entry.slice_spec)
+            assert parsed is not None
+            shape = parsed[1].shape_in(shape)
+        return math.prod(shape) * reader.dtype(key).itemsize
+    except CheckpointError:
+        return 0  # _read raises the real error
 
 
 def _items(mapping: Any) -> Iterable[tuple[Any, Any]]:

@@ -13,6 +13,7 @@ from trackpoint.bundle.writer import BundleWriter
 from trackpoint.saving.devices import DeviceValue
 from trackpoint.saving.sharding import Shard
 from trackpoint.saving.snapshot import as_array
+from trackpoint.saving.staging import StagedValue, payload_nbytes
 from trackpoint.storage import Storage
 
 __all__ = ["payload_bytes", "write_shard", "write_shards"]
@@ -22,31 +23,41 @@ def _unwrap(value: Any) -> Any:
     return value.value if isinstance(value, DeviceValue) else value
 
 
-def _nbytes(array: np.ndarray) -> int:
-    """Payload bytes for progress reports (strings: their lengths, roughly)."""
-    if array.dtype.kind in "OSU":
-        return sum(len(x) if isinstance(x, (bytes, str)) else 0 for x in array.reshape(-1).tolist())
-    return int(array.nbytes)
-
-
 def payload_bytes(shard: Shard) -> int:
     """Bytes of the values in ``shard`` (for progress reports)."""
-    values = (value for slices in shard.values() for value in slices.values())
-    return sum(_nbytes(np.asarray(_unwrap(value))) for value in values)
+    total = 0
+    for slices in shard.values():
+        for value in slices.values():
+            if type(value) is np.ndarray and value.dtype.kind not in "OSU":
+                total += value.nbytes
+            elif isinstance(value, StagedValue):
+                total += value.nbytes
+            else:
+                total += payload_nbytes(np.asarray(_unwrap(value)))
+    return total
 
 
 def write_shard(prefix: str, shard: Shard, storage: Storage) -> None:
     """Write one shard as a one-data-file bundle (runs on a pool thread)."""
     writer = BundleWriter(prefix, storage=storage)
     try:
+        add = writer.add
         for key, slices in shard.items():
             for spec, value in slices.items():
-                array = as_array(_unwrap(value), key)
-                parsed = parse_slice_spec(spec) if spec else None
-                if parsed is None:
-                    writer.add(key, array)
+                if spec:
+                    parsed = parse_slice_spec(spec)
+                    if isinstance(value, StagedValue):
+                        value.write_to(writer, key, parsed)
+                    elif parsed is None:
+                        add(key, as_array(_unwrap(value), key))
+                    else:
+                        writer.add_slice(key, parsed[0], parsed[1], as_array(_unwrap(value), key))
+                elif type(value) is np.ndarray:
+                    add(key, value)
+                elif isinstance(value, StagedValue):
+                    value.write_to(writer, key, None)
                 else:
-                    writer.add_slice(key, parsed[0], parsed[1], array)
+                    add(key, as_array(_unwrap(value), key))
         writer.finish()
     except BaseException:
         writer.abort()

@@ -193,6 +193,78 @@ class Storage(ABC):
         self.sync_dir(self.dirname(path) or ".")
 
 
+class DelegatingStorage(Storage):
+    """A storage that passes every call to ``inner``; subclasses override what they watch.
+
+    For wrappers that observe or redirect a few operations of a real backend (the atomic
+    commit's index write, a restore's prefetched reads) and must forward everything else.
+    """
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.fsync = inner.fsync
+
+    @property
+    def supports_atomic_rename(self) -> bool:
+        # docstring inherited
+        return self.inner.supports_atomic_rename
+
+    def open_write(self, path: str) -> BinaryIO:
+        # docstring inherited
+        return self.inner.open_write(path)
+
+    def open_range_reader(self, path: str) -> RangeReader:
+        # docstring inherited
+        return self.inner.open_range_reader(path)
+
+    def exists(self, path: str) -> bool:
+        # docstring inherited
+        return self.inner.exists(path)
+
+    def size(self, path: str) -> int:
+        # docstring inherited
+        return self.inner.size(path)
+
+    def replace(self, src: str, dst: str) -> None:
+        # docstring inherited
+        self.inner.replace(src, dst)
+
+    def remove(self, path: str, *, missing_ok: bool = True) -> None:
+        # docstring inherited
+        self.inner.remove(path, missing_ok=missing_ok)
+
+    def remove_tree(self, path: str) -> None:
+        # docstring inherited
+        self.inner.remove_tree(path)
+
+    def list(self, path: str) -> list[str]:
+        # docstring inherited
+        return self.inner.list(path)
+
+    def makedirs(self, path: str) -> None:
+        # docstring inherited
+        self.inner.makedirs(path)
+
+    def sync_dir(self, path: str) -> None:
+        # docstring inherited
+        self.inner.sync_dir(path)
+
+    def join(self, *parts: str) -> str:
+        # docstring inherited
+        return self.inner.join(*parts)
+
+    def dirname(self, path: str) -> str:
+        # docstring inherited
+        return self.inner.dirname(path)
+
+    def basename(self, path: str) -> str:
+        # docstring inherited
+        return self.inner.basename(path)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"
+
+
 def write_view(data: Any, name: str, *, closed: bool) -> memoryview:
     """The bytes of ``data`` as a flat memoryview, without a copy, for a file's ``write``.
 
