@@ -35,6 +35,7 @@ protos: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(PY) bench/run.py
 	$(PY) bench/shards.py
+	$(PY) bench/distributed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

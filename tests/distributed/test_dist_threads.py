@@ -1,0 +1,263 @@
+"""The distributed protocol in one process: ranks are threads of a ``ThreadGroup``.
+
+Fast checks of what the process tests cannot afford to repeat: the save plan's validation
+errors, byte balancing of replicated values, flat ranges cut into boxes, numpy ``Slice`` /
+``FlatSlice`` values resharded, errors raised on every rank, coalesced reads.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+import trackpoint as tp  # noqa: E402
+import trackpoint.distributed as tpd  # noqa: E402
+from trackpoint.distributed.layout import flat_range_boxes  # noqa: E402
+from trackpoint.distributed.plan import TensorInfo, assign_writers  # noqa: E402
+from trackpoint.distributed.read_plan import ByteRange, coalesce  # noqa: E402
+from trackpoint.errors import CheckpointError, InvalidArgumentError  # noqa: E402
+from trackpoint.storage import LocalStorage, RangeReader  # noqa: E402
+
+FULL = np.arange(60, dtype=np.float32).reshape(10, 6)
+
+
+def run_ranks(world: int, work: Callable[[int, tpd.Collective], Any]) -> list[Any]:
+    """``work(rank, collective)`` on ``world`` threads; each rank's result or exception."""
+    group = tpd.ThreadGroup(world, timeout=20)
+    results: list[Any] = [None] * world
+
+    def target(rank: int) -> None:
+        try:
+            results[rank] = work(rank, group.collective(rank))
+        except BaseException as exc:  # noqa: BLE001  (returned to the test)
+            results[rank] = exc
+
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(t.is_alive() for t in threads), "a rank is stuck"
+    return results
+
+
+def rows(world: int, rank: int) -> tuple[int, int]:
+    base, extra = divmod(FULL.shape[0], world)
+    return rank * base + min(rank, extra), base + (rank < extra)
+
+
+def sharded_values(world: int, rank: int, *, fill: float | None = None) -> dict[str, Any]:
+    start, count = rows(world, rank)
+    flat_start, flat_stop = FULL.size * rank // world, FULL.size * (rank + 1) // world
+    table = FULL[start : start + count].copy()
+    flat = FULL.reshape(-1)[flat_start:flat_stop].copy()
+    shared = np.arange(5, dtype=np.int64)
+    if fill is not None:
+        table[:], flat[:], shared[:] = fill, fill, 0
+    return {
+        "table": tpd.Slice(table, FULL.shape, (start, 0)),
+        "flat": tpd.FlatSlice(flat, FULL.shape, flat_start),
+        "shared": shared,
+        "_locals": (table, flat, shared),
+    }
+
+
+def checkpoint(values: dict[str, Any], collective: tpd.Collective) -> tpd.DistributedCheckpoint:
+    objects = {k: v for k, v in values.items() if not k.startswith("_")}
+    return tpd.DistributedCheckpoint(group=collective, timeout=20, **objects)
+
+
+def test_save_on_2_threads_restore_on_3_with_other_slices(tmp_path: Path) -> None:
+    def save(rank: int, collective: tpd.Collective) -> str:
+        return checkpoint(sharded_values(2, rank), collective).save(tmp_path / "ckpt")
+
+    assert run_ranks(2, save) == [str(tmp_path / "ckpt-1")] * 2
+    reader = tp.load_checkpoint(tmp_path / "ckpt-1")
+    np.testing.assert_array_equal(reader.get_tensor("table/.ATTRIBUTES/VARIABLE_VALUE"), FULL)
+    np.testing.assert_array_equal(reader.get_tensor("flat/.ATTRIBUTES/VARIABLE_VALUE"), FULL)
+
+    def restore(rank: int, collective: tpd.Collective) -> tuple[Any, ...]:
+        values = sharded_values(3, rank, fill=-1)
+        checkpoint(values, collective).restore(tmp_path).assert_consumed()
+        return values["_locals"]
+
+    for rank, (table, flat, shared) in enumerate(run_ranks(3, restore)):
+        start, count = rows(3, rank)
+        np.testing.assert_array_equal(table, FULL[start : start + count])
+        flat_start = FULL.size * rank // 3
+        np.testing.assert_array_equal(flat, FULL.reshape(-1)[flat_start : flat_start + flat.size])
+        np.testing.assert_array_equal(shared, np.arange(5))
+
+
+def test_a_rank_failing_fails_the_save_on_every_rank(tmp_path: Path) -> None:
+    def policy_for(rank: int) -> Callable[..., Any]:
+        def policy(tensors: Any) -> Any:
+            if rank == 1:
+                raise OSError("disk on fire")
+            return tp.sharding.ShardByTaskPolicy()(tensors)
+        return policy
+
+    def save(rank: int, collective: tpd.Collective) -> str:
+        ckpt = checkpoint(sharded_values(3, rank), collective)
+        ckpt.save(tmp_path / "ckpt")
+        options = tp.CheckpointOptions(sharding_policy=policy_for(rank))
+        return ckpt.save(tmp_path / "ckpt", options)
+
+    results = run_ranks(3, save)
+    assert isinstance(results[1], OSError)
+    for rank in (0, 2):
+        assert isinstance(results[rank], CheckpointError), results[rank]
+        assert "rank 1: OSError: disk on fire" in str(results[rank])
+    assert tp.latest_checkpoint(tmp_path) == str(tmp_path / "ckpt-1")
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("ckpt-1")) == [
+        "checkpoint"
+    ]
+
+
+def test_a_rank_leaving_the_group_fails_the_save_on_the_others(tmp_path: Path) -> None:
+    group = tpd.ThreadGroup(2, timeout=20)
+    errors: list[BaseException] = []
+
+    def rank0() -> None:
+        try:
+            checkpoint({"x": np.zeros(3)}, group.collective(0)).write(tmp_path / "ckpt")
+        except BaseException as exc:  # noqa: BLE001  (checked below)
+            errors.append(exc)
+
+    thread = threading.Thread(target=rank0)
+    thread.start()
+    group.abort()  # rank 1 "dies" instead of saving
+    thread.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], tpd.CollectiveError), errors
+    assert f"Saving checkpoint {tmp_path / 'ckpt'} failed, nothing was committed" in str(errors[0])
+    assert not (tmp_path / "ckpt.index").exists()
+    assert not [p for p in tmp_path.iterdir() if "_temp_" in p.name]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda r: {"t": tpd.Slice(np.zeros((6, 6), np.float32), (10, 6), (r * 4, 0))},
+         "overlap"),
+        (lambda r: {"t": tpd.Slice(np.zeros((4, 6), np.float32), (10, 6), (r * 4, 0))},
+         "cover 48 of the 60"),
+        (lambda r: {"t": np.zeros(3 + r, np.float32)}, "ranks disagree"),
+        (lambda r: {"t": tpd.Slice(np.zeros((5, 6), np.float32), (10, 6), (5, 0))} if r
+         else {"t": np.zeros((10, 6), np.float32)}, "whole tensor on some ranks"),
+        (lambda r: {f"t{r}": np.zeros(3)}, "not in the object graph of rank 0"),
+    ],
+    ids=["overlap", "hole", "replicas-differ", "whole-and-sliced", "rank-only-object"],
+)
+def test_inconsistent_ranks_fail_before_anything_is_written(
+    tmp_path: Path, make: Callable[[int], dict[str, Any]], message: str
+) -> None:
+    results = run_ranks(2, lambda r, c: checkpoint(make(r), c).save(tmp_path / "ckpt"))
+    for result in results:
+        assert isinstance(result, InvalidArgumentError), result
+        assert message in str(result)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ranks_saving_different_prefixes_is_an_error(tmp_path: Path) -> None:
+    results = run_ranks(
+        2, lambda r, c: checkpoint({"x": np.zeros(2)}, c).write(tmp_path / f"ckpt{r}")
+    )
+    for result in results:
+        assert isinstance(result, InvalidArgumentError) and "same prefix" in str(result)
+
+
+def test_replicated_values_are_written_once_balancing_bytes() -> None:
+    sizes = [400, 300, 200, 100]
+    infos = [
+        [TensorInfo(f"v{i}", "", "<f4", (n // 4,), n) for i, n in enumerate(sizes)]
+        for _ in range(4)
+    ]
+    writes = assign_writers(infos)
+    assert sorted(i for w in writes for i in w) == [0, 1, 2, 3]  # each value once
+    assert all(len(w) == 1 for w in writes)  # one per rank: the bytes are balanced
+
+
+def test_slices_are_written_by_their_owners() -> None:
+    def info(rank: int) -> TensorInfo:
+        return TensorInfo("t", f"4 2 {rank * 2},2:-", "<f4", (2, 2), 16)
+
+    assert assign_writers([[info(0)], [info(1)]]) == [[0], [0]]
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 4), (4, 1, 3)])
+def test_flat_ranges_become_boxes_in_flat_order(shape: tuple[int, ...]) -> None:
+    full = np.arange(math.prod(shape)).reshape(shape)
+    for start in range(full.size):
+        for stop in range(start + 1, full.size + 1):
+            boxes = flat_range_boxes(shape, start, stop)
+            assert len(boxes) <= 2 * len(shape) - 1
+            pieces = [
+                full[tuple(slice(o, o + n) for o, n in zip(b.offsets, b.shape))].reshape(-1)
+                for b in boxes
+            ]
+            np.testing.assert_array_equal(np.concatenate(pieces), np.arange(start, stop))
+
+
+def test_coalesce_merges_close_ranges_per_file() -> None:
+    ranges = [ByteRange("a", 0, 10), ByteRange("a", 12, 8), ByteRange("a", 100, 5),
+              ByteRange("b", 0, 4)]
+    assert coalesce(ranges, max_gap=4, max_size=1000) == {"a": [(0, 20), (100, 105)],
+                                                        "b": [(0, 4)]}
+    assert coalesce(ranges, max_gap=100, max_size=1000) == {"a": [(0, 105)], "b": [(0, 4)]}
+    assert coalesce(ranges, max_gap=100, max_size=15) == {"a": [(0, 10), (12, 20), (100, 105)],
+                                                        "b": [(0, 4)]}
+
+
+class CountingStorage(LocalStorage):
+    """A local disk that counts the range reads of data files."""
+
+    def __init__(self) -> None:
+        super().__init__(fsync=False)
+        self.data_reads = 0
+        self.lock = threading.Lock()
+
+    def open_range_reader(self, path: str) -> RangeReader:
+        reader = super().open_range_reader(path)
+        if ".data-" not in path:
+            return reader
+        storage = self
+
+        class Counted(RangeReader):
+            size = reader.size
+
+            def read(self, offset: int, length: int) -> memoryview:
+                with storage.lock:
+                    storage.data_reads += 1
+                return reader.read(offset, length)
+
+            def close(self) -> None:
+                reader.close()
+
+        return Counted()
+
+
+def test_restore_with_coalesced_reads_makes_one_request_per_file(tmp_path: Path) -> None:
+    many = {f"v{i:02d}": np.full(50, i, np.float32) for i in range(20)}
+
+    def save(rank: int, collective: tpd.Collective) -> str:
+        return checkpoint({**sharded_values(2, rank), **many}, collective).save(tmp_path / "c")
+
+    run_ranks(2, save)
+    storage = CountingStorage()
+    values = {**sharded_values(1, 0, fill=-1),
+              **{k: np.zeros_like(v) for k, v in many.items()}}
+    ckpt = tpd.DistributedCheckpoint(coalesce_reads=True, **{
+        k: v for k, v in values.items() if not k.startswith("_")})
+    ckpt.restore(tmp_path, tp.CheckpointOptions(storage=storage)).assert_consumed()
+    np.testing.assert_array_equal(values["_locals"][0], FULL)
+    for name, value in many.items():
+        np.testing.assert_array_equal(values[name], value)
+    assert storage.data_reads == 2  # 2 data files, one merged request each

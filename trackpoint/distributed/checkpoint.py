@@ -1,0 +1,375 @@
+"""``DistributedCheckpoint``: ``tp.Checkpoint`` for every rank of a torch.distributed group.
+
+Each rank wraps its own objects (its shards of the model, its optimizer) exactly as it would in
+one process; ``save``/``write`` and ``restore``/``read`` are then collective calls: every rank
+makes them, in the same order, with the same prefix. The result is one ordinary TensorFlow V2
+checkpoint: one index, one data file per shard, sharded tensors stored once as slices of the
+full tensor. See docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from trackpoint._types import PathLike, fspath
+from trackpoint.checkpoint import Checkpoint
+from trackpoint.distributed.collective import Collective, LocalCollective, TorchCollective
+from trackpoint.distributed.optimizers import (
+    init_sharded_optimizer_state,
+    propagate_optimizer_layouts,
+)
+from trackpoint.distributed.read_plan import IndexView, PrefetchedStorage, read_requests
+from trackpoint.distributed.saver import DistributedSaver, error_message, raise_collected
+from trackpoint.distributed.sharded import ShardedTensorVariable, layout_of
+from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
+from trackpoint.graph import ObjectGraphView, list_objects, serialize_graph
+from trackpoint.integrations.torch_tensors import TensorVariable
+from trackpoint.load_status import LoadStatus
+from trackpoint.saving import AsyncWriter, CheckpointOptions, get_registered_saver_name
+from trackpoint.state_file import (
+    checkpoint_directory,
+    checkpoint_exists,
+    latest_checkpoint,
+    write_checkpoint_state,
+)
+from trackpoint.storage import LocalStorage, Storage, storage_for
+
+__all__ = ["DistributedCheckpoint"]
+
+logger = logging.getLogger(__name__)
+
+
+def _collective_for(group: Any, timeout: float) -> Collective:
+    if isinstance(group, Collective):
+        return group
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return TorchCollective(group, timeout=timeout)
+    if group is not None:
+        raise InvalidArgumentError(
+            "a process group was given but torch.distributed is not initialized"
+        )
+    return LocalCollective()
+
+
+def _check_adapters(objects: Any) -> None:
+    """Refuse sharded tensors that got a plain adapter (marked, or imported, too late)."""
+    for obj in objects:
+        if isinstance(obj, TensorVariable) and not isinstance(obj, ShardedTensorVariable):
+            if layout_of(obj.tensor) is not None:
+                raise InvalidArgumentError(
+                    f"{obj.name} is sharded, but it was checkpointed as a whole tensor before "
+                    "trackpoint.distributed knew (import trackpoint.distributed and call "
+                    "mark_sharded before the tensor is first given to a checkpoint)"
+                )
+
+
+class DistributedCheckpoint:
+    """Saves and restores the objects of every rank as one checkpoint.
+
+    Every rank constructs it (creating it is collective when a process group is used) and then
+    calls ``save``/``restore`` together. Values held by several ranks are written once; sharded
+    values (DTensors, :func:`~trackpoint.distributed.mark_sharded` tensors,
+    :class:`~trackpoint.distributed.Slice`) are written by their owners as slices of the full
+    tensor. Restoring reads, on each rank, just the regions its objects need, whatever layout
+    and number of ranks wrote the checkpoint.
+
+    Args:
+        checkpoint: the ``tp.Checkpoint`` of this rank's objects; or give them as keyword
+            arguments, as to ``tp.Checkpoint``.
+        group: the ranks taking part: a ``torch.distributed`` process group (default: the world
+            group; a gloo side group is created for checkpoint traffic), a
+            :class:`~trackpoint.distributed.Collective`, or None without torch.distributed (one
+            process).
+        timeout: seconds a rank waits for the others at each step before failing the save.
+        coordinator: the rank that merges and commits, and whose object graph is recorded.
+        coalesce_reads: prefetch each rank's byte ranges in few merged requests before a
+            restore; default: on object stores, not on local disks (mmap is better there).
+        **children: objects to save, when ``checkpoint`` is not given.
+
+    Raises:
+        InvalidArgumentError: both ``checkpoint`` and keyword arguments, or a bad ``group``.
+
+    Example::
+
+        dist.init_process_group("gloo")             # torchrun sets rank and world size
+        model = build_sharded_model()               # DTensor or mark_sharded parameters
+        ckpt = tpd.DistributedCheckpoint(model=model, optimizer=opt)
+        ckpt.restore(tp.latest_checkpoint("/ckpts"))  # None on the first run: nothing to do
+        path = ckpt.save("/ckpts/ckpt")             # same path returned on every rank
+    """
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint | None = None,
+        *,
+        group: Any = None,
+        timeout: float = 1800.0,
+        coordinator: int = 0,
+        coalesce_reads: bool | None = None,
+        **children: Any,
+    ) -> None:
+        if checkpoint is None:
+            checkpoint = Checkpoint(**children)
+        elif children:
+            raise InvalidArgumentError(
+                "pass either a tp.Checkpoint or the objects as keyword arguments, not both"
+            )
+        elif not isinstance(checkpoint, Checkpoint):
+            raise InvalidArgumentError(
+                f"checkpoint must be a tp.Checkpoint, got {type(checkpoint).__name__}; pass "
+                "objects as keyword arguments instead (model=..., optimizer=...)"
+            )
+        self._checkpoint = checkpoint
+        self._collective = _collective_for(group, timeout)
+        if not 0 <= coordinator < self._collective.world_size:
+            raise InvalidArgumentError(
+                f"coordinator must be a rank below {self._collective.world_size}, got "
+                f"{coordinator}"
+            )
+        self._coordinator = coordinator
+        self._coalesce_reads = coalesce_reads
+        self._async: AsyncWriter | None = None
+
+    # -- properties --------------------------------------------------------------------------
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """This rank's ``tp.Checkpoint``."""
+        return self._checkpoint
+
+    @property
+    def collective(self) -> Collective:
+        return self._collective
+
+    @property
+    def rank(self) -> int:
+        return self._collective.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._collective.world_size
+
+    @property
+    def save_counter(self) -> Any:
+        """The checkpoint's ``save_counter`` (the same number on every rank)."""
+        return self._checkpoint.save_counter
+
+    # -- saving ------------------------------------------------------------------------------
+    def write(self, prefix: PathLike, options: CheckpointOptions | None = None) -> str:
+        """Write one checkpoint at exactly ``prefix`` from every rank; collective.
+
+        Atomic: the checkpoint appears complete or not at all. Write callbacks run on the
+        coordinator, after the commit. With ``options.enable_async`` each rank snapshots its
+        values and returns; the ranks' background threads then save together (:meth:`sync`
+        waits).
+
+        Returns:
+            ``prefix`` as a str, on every rank.
+
+        Raises:
+            InvalidArgumentError: the ranks' values do not fit together (raised on every rank).
+            CheckpointError: a rank failed, died or timed out; nothing was committed.
+        """
+        return self._write(fspath(prefix), CheckpointOptions.resolve(options))
+
+    def save(self, prefix: PathLike, options: CheckpointOptions | None = None) -> str:
+        """Increment ``save_counter``, write ``<prefix>-<n>``, update the state file; collective.
+
+        The coordinator writes ``<dir>/checkpoint`` once the checkpoint is committed (after the
+        user's write callbacks), so ``tp.latest_checkpoint(dir)`` names it on every rank once
+        ``save`` has returned (after :meth:`sync` for async saves).
+
+        Returns:
+            The checkpoint's prefix, e.g. ``"/ckpts/ckpt-3"``, on every rank.
+
+        Raises:
+            Same as :meth:`write`.
+        """
+        options = CheckpointOptions.resolve(options)
+        prefix_str = fspath(prefix)
+        counter = self._checkpoint.save_counter
+        number = int(counter.numpy()) + 1
+        counter.assign(number)
+        path = f"{prefix_str}-{number}"
+        storage = options.storage
+
+        def update_state_file() -> None:
+            write_checkpoint_state(checkpoint_directory(path), path, [path], storage=storage)
+
+        options = dataclasses.replace(
+            options, write_callbacks=(*options.write_callbacks, update_state_file)
+        )
+        return self._write(path, options)
+
+    def _saver(self, view: ObjectGraphView) -> DistributedSaver:
+        try:
+            propagate_optimizer_layouts(list_objects(view, skip_slot_variables=True))
+            graph = serialize_graph(view, registered_saver_for=get_registered_saver_name)
+            _check_adapters(graph.objects)
+            keys = None
+            if self.rank == self._coordinator:
+                keys = [a.checkpoint_key for n in graph.object_graph_proto.nodes
+                        for a in n.attributes]
+            return DistributedSaver(
+                graph.tensors, graph.registered_savers, collective=self._collective,
+                coordinator=self._coordinator, graph_keys=keys,
+            )
+        except Exception as exc:  # reported to every rank by the save itself
+            return DistributedSaver(
+                {}, collective=self._collective, coordinator=self._coordinator, error=exc
+            )
+
+    def _write(self, prefix: str, options: CheckpointOptions) -> str:
+        saver = self._saver(self._checkpoint.object_graph_view)
+        if options.enable_async:
+            if self._async is None:
+                self._async = AsyncWriter()
+            return self._async.save(saver, prefix, options)
+        if self._async is not None:
+            self._async.sync()
+        return saver.save(prefix, options)
+
+    def sync(self) -> None:
+        """Wait for this rank's pending async save; raise its error if it failed."""
+        if self._async is not None:
+            self._async.sync()
+
+    def close(self) -> None:
+        """Wait for a pending async save and stop the background thread.
+
+        Call before ``torch.distributed.destroy_process_group()``: the thread's exchanges need
+        the group.
+        """
+        if self._async is not None:
+            writer, self._async = self._async, None
+            writer.close()
+
+    # -- restoring ---------------------------------------------------------------------------
+    def read(self, path: PathLike, options: CheckpointOptions | None = None) -> LoadStatus:
+        """Restore every rank's objects from ``path`` (a prefix or a directory); collective.
+
+        Each rank reads only what its objects need: whole replicated values, and the regions of
+        sharded values its layouts name, assembled from whatever slices the checkpoint holds.
+        Optimizers of sharded parameters that have no state yet get it created first (see
+        :mod:`trackpoint.distributed.optimizers`). Waits for a pending async save.
+
+        Returns:
+            This rank's load status (``assert_consumed()`` ... ``expect_partial()``).
+
+        Raises:
+            NotFoundError: no checkpoint at ``path`` (raised on every rank).
+            InvalidArgumentError: the ranks asked for different checkpoints, or a value does
+                not fit its object; if any rank fails, every rank raises.
+        """
+        return self._read(path, CheckpointOptions.resolve(options), restore=False)
+
+    def restore(
+        self, path: PathLike | None, options: CheckpointOptions | None = None
+    ) -> LoadStatus:
+        """:meth:`read`, then create ``save_counter`` (``restore(None)`` restores nothing)."""
+        if path is None:
+            return self._checkpoint.restore(None)
+        return self._read(path, CheckpointOptions.resolve(options), restore=True)
+
+    def _read(self, path: PathLike, options: CheckpointOptions, *, restore: bool) -> LoadStatus:
+        self.sync()
+        requested = fspath(path)
+        storage = options.storage or storage_for(requested)
+        prefix = self._agree_on_prefix(requested, storage)
+        status: LoadStatus | None = None
+        error: BaseException | None = None
+        prefetched: PrefetchedStorage | None = None
+        try:
+            view = self._checkpoint.object_graph_view
+            index = IndexView.load(prefix, storage)
+            objects = list_objects(view, skip_slot_variables=True)
+            if index.has_slot_variables():
+                init_sharded_optimizer_state(objects)
+            else:
+                propagate_optimizer_layouts(objects)
+            if self._should_coalesce(storage):
+                prefetched = self._prefetch(view, index, storage, options)
+            read_options = dataclasses.replace(options, storage=prefetched or storage)
+            if restore:
+                status = self._checkpoint.restore(prefix, read_options)
+            else:
+                status = self._checkpoint.read(prefix, read_options)
+        except Exception as exc:  # every rank learns of it below
+            error = exc
+        finally:
+            if prefetched is not None:
+                prefetched.release()
+        errors = self._collective.all_gather(error_message(error, self.rank))
+        failed = [e for e in errors if e]
+        if failed:
+            raise_collected(failed, error, f"Restoring checkpoint {prefix}", prefix)
+        assert status is not None
+        return status
+
+    def _agree_on_prefix(self, path: str, storage: Storage) -> str:
+        """The checkpoint ``path`` names, resolved once by the coordinator for every rank."""
+        resolved: str | None = None
+        problem: dict[str, Any] | None = None
+        if self.rank == self._coordinator:
+            try:
+                if checkpoint_exists(path, storage=storage):
+                    resolved = path
+                else:
+                    resolved = latest_checkpoint(path, storage=storage)
+                if resolved is None:
+                    raise NotFoundError(
+                        f"Failed to restore from checkpoint {path}: {path}.index does not exist, "
+                        f"and {path} is not a directory whose state file names a checkpoint. "
+                        "save() appends a number (ckpt-1); pass the prefix it returned or the "
+                        "directory",
+                        path=path,
+                    )
+            except CheckpointError as exc:
+                problem = error_message(exc, self.rank)
+        messages = self._collective.all_gather(
+            {"path": path, "resolved": resolved, "error": problem}
+        )
+        paths = sorted({m["path"] for m in messages})
+        if len(paths) > 1:
+            listed = ", ".join(f"rank {r}: {m['path']}" for r, m in enumerate(messages))
+            raise InvalidArgumentError(
+                f"the ranks are restoring different checkpoints ({listed}); pass the same path "
+                "on every rank",
+                path=path,
+            )
+        answer = messages[self._coordinator]
+        if answer["error"]:
+            raise_collected([answer["error"]], None, "Finding the checkpoint", path)
+        return str(answer["resolved"])
+
+    def _should_coalesce(self, storage: Storage) -> bool:
+        if self._coalesce_reads is not None:
+            return self._coalesce_reads
+        return not isinstance(storage, LocalStorage)
+
+    def _prefetch(
+        self, view: ObjectGraphView, index: IndexView, storage: Storage,
+        options: CheckpointOptions,
+    ) -> PrefetchedStorage | None:
+        """Fetch this rank's byte ranges in merged requests; None if it cannot be planned."""
+        try:
+            graph = serialize_graph(view, registered_saver_for=get_registered_saver_name)
+        except Exception as exc:
+            logger.debug("not prefetching: the live objects cannot be listed (%s)", exc)
+            return None
+        from trackpoint.saving.sharding import OBJECT_GRAPH_KEY
+
+        requests = [*read_requests(graph.tensors), (OBJECT_GRAPH_KEY, None)]
+        ranges = [r for key, region in requests for r in index.ranges(key, region)]
+        prefetched = PrefetchedStorage(storage, index)
+        prefetched.fetch(ranges, workers=options.num_io_threads or 8)
+        return prefetched
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedCheckpoint(rank {self.rank} of {self.world_size}, "
+            f"coordinator {self._coordinator})"
+        )

@@ -1,0 +1,313 @@
+"""The messages ranks exchange during a distributed save or restore, and who carries them.
+
+A :class:`Collective` moves small JSON values (plans, shard counts, file names, errors) between
+the ranks of a group: ``all_gather`` and ``broadcast``, nothing else. Tensor bytes never go
+through it; every rank reads and writes the storage itself. JSON rather than pickle: a message
+is plain data and decoding one never runs code.
+
+Call order: every rank calls the same methods in the same order (SPMD). A rank that dies or
+stops calling makes the others' call fail, quickly when its connections close, otherwise after
+``timeout`` seconds; the failure is a :class:`~trackpoint.errors.CheckpointError`.
+
+Implementations: :class:`TorchCollective` (a gloo process group; jobs on NCCL get a gloo side
+group), :class:`LocalCollective` (one process, no torch.distributed) and the test double
+:class:`ThreadGroup`, whose ranks are threads of one process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trackpoint.errors import CheckpointError
+
+__all__ = ["Collective", "CollectiveError", "LocalCollective", "ThreadGroup", "TorchCollective"]
+
+
+class CollectiveError(CheckpointError):
+    """An exchange between the ranks failed: a rank died, or did not take part in time."""
+
+
+def _encode(message: Any) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode("utf-8")
+
+
+def _decode(data: bytes) -> Any:
+    return json.loads(data.decode("utf-8"))
+
+
+def _padded(data: bytes, length: int) -> torch.Tensor:
+    """``data`` in a uint8 tensor of ``length`` bytes (gloo exchanges equal-sized tensors)."""
+    tensor = torch.zeros(length, dtype=torch.uint8)
+    if data:
+        tensor[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return tensor
+
+
+class Collective(ABC):
+    """Exchange of JSON values between the ranks of one group (see the module docstring)."""
+
+    timeout: float = 1800.0
+    """Seconds a rank waits for the others in one exchange."""
+
+    @property
+    @abstractmethod
+    def rank(self) -> int:
+        """This process's rank in the group, ``0 <= rank < world_size``."""
+
+    @property
+    @abstractmethod
+    def world_size(self) -> int:
+        """Number of ranks in the group."""
+
+    @abstractmethod
+    def all_gather(self, message: Any) -> list[Any]:
+        """Every rank's ``message``, indexed by rank.
+
+        Raises:
+            CheckpointError: a rank died, or did not take part within ``timeout``.
+        """
+
+    @abstractmethod
+    def broadcast(self, message: Any, src: int) -> Any:
+        """Rank ``src``'s ``message`` on every rank (other ranks' ``message`` is ignored).
+
+        Raises:
+            CheckpointError: as :meth:`all_gather`.
+        """
+
+    def gather(self, message: Any, dst: int) -> list[Any] | None:
+        """Every rank's ``message`` on rank ``dst`` (indexed by rank); None on the others.
+
+        Raises:
+            CheckpointError: as :meth:`all_gather`.
+        """
+        gathered = self.all_gather(message)
+        return gathered if self.rank == dst else None
+
+    def scatter(self, messages: list[Any] | None, src: int) -> Any:
+        """``messages[rank]`` of rank ``src`` on each rank (``messages`` is read on ``src`` only).
+
+        Raises:
+            CheckpointError: as :meth:`all_gather`.
+        """
+        return self.broadcast(messages, src)[self.rank]
+
+
+class LocalCollective(Collective):
+    """The group of one process: what a program without torch.distributed uses."""
+
+    @property
+    def rank(self) -> int:
+        # docstring inherited
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        # docstring inherited
+        return 1
+
+    def all_gather(self, message: Any) -> list[Any]:
+        # docstring inherited
+        return [_decode(_encode(message))]
+
+    def broadcast(self, message: Any, src: int) -> Any:
+        # docstring inherited
+        return _decode(_encode(message))
+
+
+class TorchCollective(Collective):
+    """Messages over a gloo process group of ``torch.distributed``.
+
+    Checkpoint traffic gets a group of its own, so that an async save's background exchanges
+    never interleave with the program's collectives: a new gloo group over ``group``'s ranks is
+    created, unless ``group`` already is a gloo group (then it is used as is, and must not be
+    used by anything else while a save runs). Creating a group is itself collective: construct
+    on every rank of ``group``, in the same order as other groups.
+
+    Args:
+        group: the ranks taking part; the default (world) group when None.
+        timeout: seconds to wait for the other ranks in one exchange.
+
+    Raises:
+        CheckpointError: torch.distributed is not initialized, or gloo is unavailable.
+    """
+
+    def __init__(self, group: Any = None, *, timeout: float = 1800.0) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise CheckpointError(
+                "torch.distributed is not initialized: call torch.distributed.init_process_group "
+                "first (torchrun sets the environment), or save without a group"
+            )
+        if not dist.is_gloo_available():
+            raise CheckpointError("trackpoint.distributed needs the gloo backend of torch")
+        self.timeout = float(timeout)
+        if group is not None and dist.get_backend(group) == "gloo":
+            self._group = group
+        else:
+            ranks = None if group is None else dist.get_process_group_ranks(group)
+            self._group = dist.new_group(
+                ranks=ranks,
+                backend="gloo",
+                timeout=datetime.timedelta(seconds=self.timeout),
+                use_local_synchronization=ranks is not None,
+            )
+        self._rank = dist.get_rank(self._group)
+        self._world_size = dist.get_world_size(self._group)
+
+    @property
+    def group(self) -> Any:
+        """The gloo process group carrying the messages."""
+        return self._group
+
+    @property
+    def rank(self) -> int:
+        # docstring inherited
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        # docstring inherited
+        return self._world_size
+
+    def _failed(self, what: str, exc: BaseException) -> CollectiveError:
+        return CollectiveError(
+            f"rank {self._rank}: {what} with the other {self._world_size - 1} rank(s) failed "
+            f"({type(exc).__name__}: {exc}). A rank died, raised outside trackpoint, or did not "
+            f"reach the same call within {self.timeout:.0f} s; check the other ranks' logs"
+        )
+
+    def all_gather(self, message: Any) -> list[Any]:
+        # docstring inherited
+        data = _encode(message)
+        try:
+            sizes = self._sizes(data)
+            out = [torch.empty(max(sizes), dtype=torch.uint8) for _ in sizes]
+            dist.all_gather(out, _padded(data, max(sizes)), group=self._group)
+        except (RuntimeError, ValueError) as exc:  # gloo: DistBackendError, timeouts
+            raise self._failed("exchanging messages", exc) from exc
+        return [_decode(bytes(t[:n].numpy())) for t, n in zip(out, sizes)]
+
+    def _sizes(self, data: bytes) -> list[int]:
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self._world_size)]
+        dist.all_gather(sizes, size, group=self._group)
+        return [int(s.item()) for s in sizes]
+
+    def gather(self, message: Any, dst: int) -> list[Any] | None:
+        # docstring inherited
+        data = _encode(message)
+        try:
+            sizes = self._sizes(data)
+            padded = _padded(data, max(sizes))
+            out = None
+            if self._rank == dst:
+                out = [torch.empty(max(sizes), dtype=torch.uint8) for _ in sizes]
+            dist.gather(padded, out, dst=dist.get_global_rank(self._group, dst), group=self._group)
+        except (RuntimeError, ValueError) as exc:
+            raise self._failed(f"sending messages to rank {dst}", exc) from exc
+        if out is None:
+            return None
+        return [_decode(bytes(t[:n].numpy())) for t, n in zip(out, sizes)]
+
+    def scatter(self, messages: list[Any] | None, src: int) -> Any:
+        # docstring inherited
+        encoded = [_encode(m) for m in messages] if self._rank == src and messages else []
+        try:
+            sizes = torch.tensor([len(d) for d in encoded] or [0] * self._world_size)
+            dist.broadcast(sizes, src=dist.get_global_rank(self._group, src), group=self._group)
+            longest = int(sizes.max().item())
+            chunks = [_padded(d, longest) for d in encoded] if self._rank == src else None
+            out = torch.empty(longest, dtype=torch.uint8)
+            dist.scatter(out, chunks, src=dist.get_global_rank(self._group, src),
+                         group=self._group)
+        except (RuntimeError, ValueError) as exc:
+            raise self._failed(f"receiving rank {src}'s messages", exc) from exc
+        return _decode(bytes(out[: int(sizes[self._rank].item())].numpy()))
+
+    def broadcast(self, message: Any, src: int) -> Any:
+        # docstring inherited
+        data = _encode(message) if self._rank == src else b""
+        source = dist.get_global_rank(self._group, src)
+        try:
+            size = torch.tensor([len(data)], dtype=torch.int64)
+            dist.broadcast(size, src=source, group=self._group)
+            buffer = torch.zeros(int(size.item()), dtype=torch.uint8)
+            if self._rank == src and data:
+                buffer[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            dist.broadcast(buffer, src=source, group=self._group)
+        except (RuntimeError, ValueError) as exc:
+            raise self._failed(f"receiving rank {src}'s message", exc) from exc
+        return _decode(bytes(buffer.numpy()))
+
+
+class ThreadGroup:
+    """A group whose ranks are threads of one process: the test double of a process group.
+
+    Each thread takes its rank's :class:`Collective` from :meth:`collective`. :meth:`abort`
+    makes every pending and future exchange fail, as a rank dying does in a real group.
+
+    Example::
+
+        group = ThreadGroup(4)
+        threads = [threading.Thread(target=work, args=(group.collective(r),)) for r in range(4)]
+    """
+
+    def __init__(self, world_size: int, *, timeout: float = 30.0) -> None:
+        self.world_size = world_size
+        self.timeout = timeout
+        self._barrier = threading.Barrier(world_size, timeout=timeout)
+        self._slots: list[bytes] = [b""] * world_size
+
+    def collective(self, rank: int) -> Collective:
+        """The collective of ``rank``, to be used by one thread."""
+        return _ThreadCollective(self, rank)
+
+    def abort(self) -> None:
+        """Break the group: every rank's current and later exchanges raise."""
+        self._barrier.abort()
+
+    def _wait(self, rank: int) -> None:
+        try:
+            self._barrier.wait()
+        except threading.BrokenBarrierError as exc:
+            raise CollectiveError(
+                f"rank {rank}: exchanging messages with the other ranks failed (the group was "
+                f"aborted, or a rank did not take part within {self.timeout:.0f} s)"
+            ) from exc
+
+    def exchange(self, rank: int, data: bytes | None, src: int | None) -> list[bytes]:
+        if data is not None:
+            self._slots[rank] = data
+        self._wait(rank)
+        result = list(self._slots) if src is None else [self._slots[src]]
+        self._wait(rank)  # nobody overwrites a slot before everyone has read it
+        return result
+
+
+class _ThreadCollective(Collective):
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self._group = group
+        self._rank = rank
+        self.timeout = group.timeout
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._group.world_size
+
+    def all_gather(self, message: Any) -> list[Any]:
+        return [_decode(d) for d in self._group.exchange(self._rank, _encode(message), None)]
+
+    def broadcast(self, message: Any, src: int) -> Any:
+        data = _encode(message) if self._rank == src else None
+        return _decode(self._group.exchange(self._rank, data, src)[0])

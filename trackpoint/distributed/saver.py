@@ -1,0 +1,352 @@
+"""``DistributedSaver``: every rank writes its own shards, one rank merges and commits.
+
+The protocol of one save to ``prefix`` (tf-checkpoint-format.md §11, spread over ranks). Every
+step is taken by every rank, in order; a rank that fails locally still takes part and reports
+its error, so all ranks fail together and quickly:
+
+1. *plan*: the coordinator prepares the commit (creates the temporary folder under a random
+   name, runs registered savers); every rank sends it the list of values it holds (key, slice,
+   dtype, shape, bytes) and the prefix; the coordinator checks them against each other and
+   tells each rank which of its values to write (``plan.assign_writers``: its own slices, plus a
+   byte-balanced share of the replicated values).
+2. *shard*: each rank applies the sharding policy to its values; the ranks exchange their shard
+   counts, and the coordinator hands out the names ``part-SSSSS-of-NNNNN`` in the temporary place
+   (shards are numbered rank by rank).
+3. *write*: each rank writes its shards (a thread pool, as a single-process save does) and
+   reports success or its error to the coordinator.
+4. *commit*: the coordinator merges the shard indexes into ``prefix`` (data files renamed into
+   place, the index written last: the commit point) and runs the write callbacks (the state
+   file); then it tells every rank the result, and all return ``prefix`` or raise.
+
+Any failure before the commit point aborts on the coordinator (everything this save wrote is
+removed; an earlier checkpoint stays the latest). If the coordinator itself dies, its temporary
+folder is removed by the next save in that directory (see :mod:`trackpoint.saving.commit`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from typing import Any, NoReturn
+
+from trackpoint._types import PathLike, fspath
+from trackpoint.distributed.collective import Collective, CollectiveError
+from trackpoint.distributed.plan import TensorInfo, assign_writers, describe
+from trackpoint.errors import (
+    CheckpointError,
+    DataLossError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+)
+from trackpoint.saving import (
+    CheckpointOptions,
+    MaxShardSizePolicy,
+    MultiDeviceSaver,
+    ProgressEvent,
+    SaveSnapshot,
+    Shard,
+    ShardableTensor,
+    ShardByTaskPolicy,
+    validate_shards,
+)
+from trackpoint.saving.commit import AtomicCommit
+from trackpoint.saving.shard_writer import payload_bytes, write_shards
+from trackpoint.saving.sharding import policy_description
+from trackpoint.storage import Storage, storage_for
+
+__all__ = ["DistributedSaver", "error_message", "raise_collected"]
+
+logger = logging.getLogger(__name__)
+
+_DEFAULT_MAX_IO_THREADS = 4
+_ERROR_TYPES: dict[str, type[CheckpointError]] = {
+    cls.__name__: cls
+    for cls in (
+        CheckpointError, DataLossError, FailedPreconditionError, InvalidArgumentError,
+        NotFoundError,
+    )
+}
+
+
+def error_message(exc: BaseException | None, rank: int) -> dict[str, Any] | None:
+    """A rank's error as a message for the other ranks (None: no error)."""
+    if exc is None:
+        return None
+    return {"rank": rank, "type": type(exc).__name__, "message": str(exc)}
+
+
+def raise_collected(
+    errors: list[dict[str, Any]], local: BaseException | None, what: str, path: str
+) -> NoReturn:
+    """Raise the ranks' errors: this rank's own exception if it had one, else a summary.
+
+    The summary has the first failing rank's trackpoint error type (``CheckpointError`` for
+    anything else), so every rank raises the same kind of error.
+    """
+    if local is not None:
+        raise local
+    ordered = sorted(errors, key=lambda e: e["rank"])
+    listed = "; ".join(f"rank {e['rank']}: {e['type']}: {e['message']}" for e in ordered[:4])
+    if len(ordered) > 4:
+        listed += f"; and {len(ordered) - 4} more rank(s)"
+    cls = _ERROR_TYPES.get(ordered[0]["type"], CheckpointError)
+    raise cls(f"{what} failed on {len(ordered)} rank(s): {listed}", path=path)
+
+
+class DistributedSaver(MultiDeviceSaver):
+    """A ``MultiDeviceSaver`` whose ``save`` is one step of a save by every rank of a group.
+
+    Every rank builds one from its own values and calls ``save`` (or, through ``AsyncWriter``,
+    ``snapshot`` then ``save_snapshot``) with the same prefix. ``restore`` is the inherited,
+    local one.
+
+    Args:
+        serialized_tensors: this rank's values, as for ``MultiDeviceSaver``.
+        registered_savers: objects of registered savers; only the coordinator's are saved.
+        collective: the ranks taking part.
+        coordinator: the rank that merges, commits and runs the write callbacks.
+        graph_keys: on the coordinator, the checkpoint keys of its object graph (every rank's
+            values must be among them).
+        error: an error that happened while gathering this rank's values; the save fails on
+            every rank with it.
+    """
+
+    def __init__(
+        self,
+        serialized_tensors: Mapping[Any, Mapping[str, Any]],
+        registered_savers: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        collective: Collective,
+        coordinator: int = 0,
+        graph_keys: Collection[str] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        super().__init__(serialized_tensors, registered_savers)
+        self.collective = collective
+        self.coordinator = coordinator
+        self.graph_keys = graph_keys
+        self.error = error
+
+    def snapshot(self) -> SaveSnapshot:
+        """Evaluate this rank's values; an error is kept for the save instead of raised.
+
+        Raising here would leave the other ranks waiting in the save's first exchange.
+        """
+        if self.error is None:
+            try:
+                return super().snapshot()
+            except Exception as exc:  # reported to every rank by save_snapshot
+                self.error = exc
+        return SaveSnapshot({})
+
+    def save_snapshot(
+        self,
+        snapshot: SaveSnapshot,
+        prefix: PathLike,
+        options: CheckpointOptions | None = None,
+        *,
+        storage: Storage | None = None,
+        timing: Any = None,
+    ) -> str:
+        """Take part in saving ``prefix`` with the other ranks (see the module docstring).
+
+        ``timing`` is accepted for the callers of ``MultiDeviceSaver.save_snapshot`` (the
+        async writer); a distributed save's figures are not recorded in ``trackpoint.metrics``.
+
+        Returns:
+            ``prefix``, on every rank, once the checkpoint is committed.
+
+        Raises:
+            InvalidArgumentError: the ranks' values do not fit together (names the key), or a
+                value cannot be stored; raised on every rank.
+            CheckpointError: a rank failed or died; nothing was committed.
+        """
+        options = options or CheckpointOptions()
+        prefix_str = fspath(prefix)
+        storage = storage or options.storage or storage_for(prefix_str, fsync=options.fsync)
+        return _SaveRun(self, snapshot, prefix_str, options, storage).run()
+
+
+class _SaveRun:
+    """The state of one rank during one distributed save."""
+
+    def __init__(
+        self, saver: DistributedSaver, snapshot: SaveSnapshot, prefix: str,
+        options: CheckpointOptions, storage: Storage,
+    ) -> None:
+        self.saver = saver
+        self.collective = saver.collective
+        self.rank = saver.collective.rank
+        self.is_coordinator = self.rank == saver.coordinator
+        self.prefix = prefix
+        self.options = options
+        self.storage = storage
+        self.tensors = [st for sts in snapshot.tensors_by_task.values() for st in sts]
+        self.error: BaseException | None = saver.error
+        self.commit: AtomicCommit | None = None
+
+    def run(self) -> str:
+        try:
+            return self._run()
+        except CollectiveError as exc:
+            self._abort()
+            raise CollectiveError(
+                f"Saving checkpoint {self.prefix} failed, nothing was committed: {exc}",
+                path=self.prefix,
+            ) from exc
+        except BaseException:
+            self._abort()
+            raise
+
+    def _abort(self) -> None:
+        if self.commit is not None:
+            self.commit.abort()
+
+    def _check(self, errors: list[dict[str, Any]]) -> None:
+        errors = [e for e in errors if e]
+        if errors:
+            raise_collected(errors, self.error, f"Saving checkpoint {self.prefix}", self.prefix)
+
+    def _run(self) -> str:
+        coordinator = self.saver.coordinator
+        # 1. plan
+        if self.is_coordinator and self.error is None:
+            try:
+                self.commit = AtomicCommit(self.storage, self.prefix)
+                self.commit.prepare()
+                # Registered savers write before the shards (TF's contract); the coordinator's
+                # objects stand for every rank's.
+                registered = self.saver._run_registered_save_fns(self.prefix)
+                self.commit.add_foreign_prefixes(registered)
+            except Exception as exc:
+                self.error = exc
+        infos = describe(self.tensors) if self.error is None else []
+        message = {
+            "prefix": self.prefix,
+            "error": error_message(self.error, self.rank),
+            "infos": [info.to_json() for info in infos],
+        }
+        gathered = self.collective.gather(message, coordinator)
+        replies = self._plan(gathered) if gathered is not None else None
+        reply = self.collective.scatter(replies, coordinator)
+        self._check(reply["errors"])
+
+        # 2. shard
+        mine = [self.tensors[i] for i in reply["write"]]
+        shards: list[Shard] = []
+        try:
+            shards = self._shard(mine)
+        except Exception as exc:
+            self.error = exc
+        counts = self.collective.all_gather(
+            {"count": len(shards), "error": error_message(self.error, self.rank)}
+        )
+        self._check([c["error"] for c in counts])
+        total = sum(c["count"] for c in counts)
+        first = sum(c["count"] for c in counts[: self.rank])
+        names = None
+        if self.commit is not None:
+            names = [self.commit.shard_prefix(i, total) for i in range(total)]
+        names = self.collective.broadcast(names, coordinator)
+
+        # 3. write
+        written = 0
+        try:
+            written = self._write(shards, names[first : first + len(shards)])
+        except Exception as exc:
+            self.error = exc
+        statuses = self.collective.gather(
+            {"error": error_message(self.error, self.rank), "bytes": written}, coordinator
+        )
+
+        # 4. commit
+        result: dict[str, Any] | None = None
+        if statuses is not None:
+            result = self._commit(statuses, names)
+        result = self.collective.broadcast(result, coordinator)
+        self._check(result["errors"])
+        self._progress("commit", 1, 1, result["bytes"], result["bytes"])
+        return self.prefix
+
+    def _plan(self, gathered: list[Any]) -> list[dict[str, Any]]:
+        """On the coordinator: check the ranks' plans and assign writers (or an error)."""
+        world = len(gathered)
+        error = next((m["error"] for m in gathered if m["error"]), None)
+        if error is None:
+            prefixes = {m["prefix"] for m in gathered}
+            try:
+                if len(prefixes) > 1:
+                    listed = ", ".join(f"rank {r}: {m['prefix']}" for r, m in enumerate(gathered))
+                    raise InvalidArgumentError(
+                        f"the ranks are saving different checkpoints ({listed}); every rank "
+                        "must call save with the same prefix (and the same save_counter)",
+                        path=self.prefix,
+                    )
+                infos = [[TensorInfo.from_json(v) for v in m["infos"]] for m in gathered]
+                writes = assign_writers(
+                    infos, coordinator=self.rank, graph_keys=self.saver.graph_keys
+                )
+                return [{"errors": [], "write": w} for w in writes]
+            except CheckpointError as exc:
+                self.error = exc
+                error = error_message(exc, self.rank)
+        # The same errors for everyone: all ranks fail alike before writing anything.
+        errors = [m["error"] for m in gathered if m["error"]] or [error]
+        return [{"errors": errors, "write": []} for _ in range(world)]
+
+    def _shard(self, tensors: list[ShardableTensor]) -> list[Shard]:
+        policy = self.options.sharding_policy or ShardByTaskPolicy()
+        shards = [shard for shard in policy(tensors) if shard]
+        if not isinstance(policy, (ShardByTaskPolicy, MaxShardSizePolicy)):
+            validate_shards({"": shards}, tensors, policy_description(policy))
+        if self.is_coordinator and not shards:
+            shards = [{}]  # the coordinator always writes (at least the object graph)
+        return shards
+
+    def _write(self, shards: list[Shard], names: list[str]) -> int:
+        """Write this rank's shards; returns their payload bytes."""
+        if not shards:
+            return 0
+        sizes = [payload_bytes(shard) for shard in shards]
+        workers = self.options.num_io_threads or min(_DEFAULT_MAX_IO_THREADS, len(shards))
+        jobs = [(name, shard, self.storage) for name, shard in zip(names, shards)]
+        done = 0
+        for count, index in enumerate(write_shards(jobs, workers), start=1):
+            done += sizes[index]
+            self._progress("write", count, len(shards), done, sum(sizes))
+        return sum(sizes)
+
+    def _commit(self, statuses: list[Any], names: list[str]) -> dict[str, Any]:
+        """On the coordinator: merge and commit if every rank wrote its shards."""
+        errors = [s["error"] for s in statuses if s["error"]]
+        size = sum(s["bytes"] for s in statuses)
+        if errors:
+            return {"errors": errors, "bytes": 0}
+        assert self.commit is not None
+        try:
+            self.commit.commit([*self.commit.foreign_prefixes, *names])
+        except Exception as exc:
+            self.error = exc
+            return {"errors": [error_message(exc, self.rank)], "bytes": 0}
+        logger.info("Saved checkpoint %s from %d rank(s): %d shards, %d bytes", self.prefix,
+                    self.collective.world_size, len(names), size)
+        try:
+            self.options.run_write_callbacks(self.prefix)
+        except Exception as exc:
+            self.error = exc
+            message = error_message(exc, self.rank)
+            assert message is not None
+            message["message"] = (
+                f"the checkpoint was committed, but a write callback failed: {message['message']}"
+            )
+            return {"errors": [message], "bytes": size}
+        return {"errors": [], "bytes": size}
+
+    def _progress(
+        self, phase: str, done: int, total: int, bytes_done: int, bytes_total: int
+    ) -> None:
+        if self.options.progress is not None:
+            self.options.progress(
+                ProgressEvent(self.prefix, phase, done, total, bytes_done, bytes_total)
+            )
