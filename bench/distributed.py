@@ -1,13 +1,16 @@
 """Distributed save/restore throughput with 1, 2, 4 processes, and the merge cost of many shards.
 
-Run: ``.venv/bin/python bench/distributed.py [--mib 256] [--reps 3] [--dir /dev/shm]
+Run: ``.venv/bin/python bench/distributed.py [--mib 256] [--reps 5] [--dir /dev/shm]
 [--procs 1,2,4] [--shards 1,10,100,1000]``.
 
 1. The same state (``--mib`` MiB: 16 float32 tensors, each row-sharded over the processes) is
    saved with ``DistributedCheckpoint.write`` by N gloo processes (each writes its rows, rank 0
-   merges) and restored by N processes (each reads its rows). The median time of each N is
-   printed as a ratio to N = 1 (< 1.00: faster), with the throughput. On a machine with fewer
-   cores than processes the ratios measure overhead rather than scaling.
+   merges) and restored by N processes (each reads its rows), ``--reps`` times in one process
+   group after a warm-up save and restore. Only the calls are timed (the slowest rank's time
+   of each call; process start, gloo setup and barriers are outside). The median of each N is
+   printed as a ratio to N = 1 (< 1.00: faster), with the throughput and the CPU time summed
+   over the ranks. On a machine with fewer cores than processes the ratios measure overhead
+   rather than scaling; the CPU column shows it whatever the cores.
 2. Merge cost: N one-file shards, each holding one row block of 8 sharded tensors (as N ranks
    write them), are merged into one checkpoint by ``merge_bundles``; the time per merge and per
    shard is printed for N = 1 ... 1000. This is the coordinator's serial part of every save.
@@ -25,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -41,8 +45,15 @@ def _rows(total: int, world: int, rank: int) -> tuple[int, int]:
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 
 
-def _worker(directory: str, mib: int, init: str) -> None:
-    """One rank: save, barrier, restore into zeros; rank 0 prints the two times as JSON."""
+def _worker(directory: str, mib: int, init: str, reps: int) -> None:
+    """One rank: ``reps`` timed saves and restores; rank 0 prints the figures as JSON.
+
+    Warm-up save and restore first (connections, thread pools, lazy imports), then each
+    timed call starts together on every rank (a barrier before, never inside, the timed
+    region) and is timed on each rank by itself; a collective call's time is the slowest
+    rank's. CPU time (all threads of a rank) is summed over the ranks: it shows whether
+    the total work grows with the number of processes, whatever the machine's cores.
+    """
     import torch.distributed as dist
 
     import trackpoint as tp
@@ -61,29 +72,40 @@ def _worker(directory: str, mib: int, init: str) -> None:
     }
     options = tp.CheckpointOptions(fsync=not directory.startswith("/dev/shm"))
     ckpt = tpd.DistributedCheckpoint(**values)
-    ckpt.write(f"{directory}/warmup", options)  # first-use costs (connections, pools) excluded
-    dist.barrier()
-    began = time.perf_counter()
-    path = ckpt.write(f"{directory}/ckpt", options)
-    dist.barrier()
-    saved = time.perf_counter() - began
-    for value in values.values():
-        value.local[:] = 0
-    began = time.perf_counter()
-    ckpt.read(path, options).assert_consumed()
-    dist.barrier()
-    restored = time.perf_counter() - began
+    ckpt.read(ckpt.write(f"{directory}/warmup", options), options)  # first-use costs excluded
+
+    def timed(call: Any) -> tuple[float, float]:
+        dist.barrier()
+        wall, cpu = time.perf_counter(), time.process_time()
+        call()
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    mine: dict[str, list[tuple[float, float]]] = {"save": [], "restore": []}
+    path = f"{directory}/ckpt"
+    for _ in range(reps):
+        mine["save"].append(timed(lambda: ckpt.write(path, options)))
+        for value in values.values():
+            value.local[:] = 0
+        mine["restore"].append(timed(lambda: ckpt.read(path, options).assert_consumed()))
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine)
     if rank == 0:
-        print(json.dumps({"save": saved, "restore": restored, "bytes": rows * cols * 4 * _TENSORS}))
+        result: dict[str, Any] = {"bytes": rows * cols * 4 * _TENSORS}
+        for phase in ("save", "restore"):
+            runs = [[ranks[phase][i] for ranks in gathered] for i in range(reps)]
+            result[phase] = statistics.median(max(w for w, _ in run) for run in runs)
+            result[f"{phase}_cpu"] = statistics.median(sum(c for _, c in run) for run in runs)
+        print(json.dumps(result))
     dist.destroy_process_group()
 
 
-def _run(world: int, base: str, mib: int) -> dict[str, float]:
+def _run(world: int, base: str, mib: int, reps: int) -> dict[str, float]:
     work = tempfile.mkdtemp(dir=base, prefix="tp-dist-")
     init = os.path.join(work, "init")
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--worker", work, "--mib", str(mib), "--init", init],
+            [sys.executable, __file__, "--worker", work, "--mib", str(mib), "--init", init,
+             "--reps", str(reps)],
             stdout=subprocess.PIPE, text=True,
             env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1"},
         )
@@ -103,25 +125,20 @@ def _run(world: int, base: str, mib: int) -> dict[str, float]:
 
 def _throughput_table(args: argparse.Namespace) -> Table:
     counts = [int(n) for n in args.procs.split(",")]
-    times: dict[int, dict[str, list[float]]] = {n: {"save": [], "restore": []} for n in counts}
-    nbytes = 0
-    _run(counts[0], args.dir, args.mib)  # warm-up
-    for _ in range(args.reps):
-        for n in counts:
-            result = _run(n, args.dir, args.mib)
-            nbytes = int(result["bytes"])
-            for phase in ("save", "restore"):
-                times[n][phase].append(result[phase])
+    results = {n: _run(n, args.dir, args.mib, args.reps) for n in counts}
+    nbytes = int(results[counts[0]]["bytes"])
     table = Table(title=f"N processes vs one ({nbytes / 2**20:.0f} MiB on {args.dir}, median of "
-                  f"{args.reps}; ratio < 1.00 is faster)")
-    for column in ("processes", "save", "save GiB/s", "restore", "restore GiB/s"):
+                  f"{args.reps} calls; ratio < 1.00 is faster; cpu: summed over the ranks)")
+    for column in ("processes", "save", "save GiB/s", "save cpu", "restore", "restore GiB/s",
+                   "restore cpu"):
         table.add_column(column, justify="right")
-    base = {phase: statistics.median(times[counts[0]][phase]) for phase in ("save", "restore")}
+    base = results[counts[0]]
     for n in counts:
         cells = [str(n)]
         for phase in ("save", "restore"):
-            median = statistics.median(times[n][phase])
-            cells += [f"{median / base[phase]:.2f}x", f"{nbytes / median / 2**30:.2f}"]
+            median, cpu = results[n][phase], results[n][f"{phase}_cpu"]
+            cells += [f"{median / base[phase]:.2f}x", f"{nbytes / median / 2**30:.2f}",
+                      f"{cpu * 1e3:.0f} ms"]
         table.add_row(*cells)
     return table
 
@@ -164,7 +181,7 @@ def _merge_table(args: argparse.Namespace) -> Table:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else
                         tempfile.gettempdir())
     parser.add_argument("--procs", default="1,2,4")
@@ -173,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        _worker(args.worker, args.mib, args.init)
+        _worker(args.worker, args.mib, args.init, args.reps)
         return 0
     console = Console()
     console.print(_throughput_table(args))

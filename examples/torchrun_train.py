@@ -8,15 +8,15 @@ Run (any number of processes; resume with another number, the checkpoint reshard
 Each rank holds ``vocab / world`` rows of the embedding (tensor parallelism by hand: a lookup
 is a masked local lookup summed over the ranks) and a replica of the MLP on top. Every
 ``--save-every`` steps all ranks save together: each writes its embedding rows and its share of
-the replicated values, rank 0 merges and commits. On start, the latest checkpoint in ``--dir`` is
-restored, whatever number of processes wrote it. The checkpoint is a TensorFlow V2 checkpoint:
+the replicated values, rank 0 merges and commits; a ``tp.CheckpointManager`` on every rank keeps
+the newest ``--keep``. On start, the latest checkpoint in ``--dir`` is restored, whatever number
+of processes wrote it. The checkpoint is a TensorFlow V2 checkpoint:
 ``tf.train.load_checkpoint`` (or ``tp.load_checkpoint``) sees the whole embedding.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--async-save", action="store_true", help="save in the background")
+    parser.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # torchrun sets RANK, WORLD_SIZE, MASTER_ADDR/PORT
@@ -98,11 +99,12 @@ def main() -> None:
     step = tp.Variable(0, dtype="int64")
     ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, step=step)
 
-    latest = tp.latest_checkpoint(args.dir)
-    if latest is not None:
-        ckpt.restore(latest).assert_existing_objects_matched()
-        if rank == 0:
-            print(f"resumed from {latest} at step {int(step.numpy())} on {world} ranks")
+    # On every rank: the coordinator (rank 0) writes the state file and deletes old checkpoints,
+    # the other ranks follow it, so latest_checkpoint is the same everywhere.
+    manager = tp.CheckpointManager(ckpt, args.dir, max_to_keep=args.keep)
+    latest = manager.restore_or_initialize()  # None on the first run: nothing to restore
+    if latest is not None and rank == 0:
+        print(f"resumed from {latest} at step {int(step.numpy())} on {world} ranks")
 
     options = tp.CheckpointOptions(enable_async=args.async_save)
     loss = torch.tensor(0.0)
@@ -114,7 +116,7 @@ def main() -> None:
         optimizer.step()
         step.assign(int(step.numpy()) + 1)
         if int(step.numpy()) % args.save_every == 0 or int(step.numpy()) == args.steps:
-            path = ckpt.save(os.path.join(args.dir, "ckpt"), options)
+            path = manager.save(options=options)
             if rank == 0:
                 print(f"step {int(step.numpy())}: loss {loss.item():.4f}, saved {path}")
     ckpt.close()  # waits for a background save; before the process group goes away

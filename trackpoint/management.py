@@ -29,7 +29,13 @@ logger = logging.getLogger(__name__)
 
 
 class _Checkpointable(Protocol):
-    """What the manager needs of a checkpoint object (``tp.Checkpoint`` provides it)."""
+    """What the manager needs of a checkpoint object (``tp.Checkpoint`` provides it).
+
+    Optional: ``is_coordinator``, a bool. A checkpoint saved by several processes together
+    (``trackpoint.distributed.DistributedCheckpoint``) sets it False on all but the process
+    that commits; the manager there neither writes the state file nor deletes checkpoints, it
+    follows the state file that process wrote (before the save returned).
+    """
 
     @property
     def save_counter(self) -> Any: ...
@@ -203,6 +209,11 @@ class CheckpointManager:
         return self._checkpoint.write(prefix, options=options)
 
     def _record_and_sweep(self, save_path: str) -> None:
+        if not getattr(self._checkpoint, "is_coordinator", True):
+            with self._lock:  # another process recorded and swept: follow its state file
+                self._active.clear()
+                self._recover_state()
+            return
         with self._lock:
             self._active.pop(save_path, None)
             self._active[save_path] = self._clock()

@@ -144,6 +144,67 @@ def kill(workdir: Path, victim: str) -> None:
         raise AssertionError("a save whose rank died succeeded")
 
 
+def manager(workdir: Path) -> None:
+    """CheckpointManager on every rank (sync and async saves), the figures each process
+    records, then a rank that stays alive but never joins a save (timeout 3 s)."""
+    from trackpoint import metrics
+
+    directory = workdir / "managed"
+    model, optimizer = build(RANK, WORLD, 1, dtensor=False)
+    train_step(model, optimizer)
+    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=30)
+    # Messages longer than one exchange's frame (1 KiB) take a second round trip.
+    long = {"rank": RANK, "text": "x" * (3000 + 500 * RANK)}
+    assert ckpt.collective.all_gather(long) == [
+        {"rank": r, "text": "x" * (3000 + 500 * r)} for r in range(WORLD)]
+    assert ckpt.collective.broadcast(long if RANK == 1 else None, 1) == {
+        "rank": 1, "text": "x" * 3500}
+    assert ckpt.collective.all_gather(RANK) == list(range(WORLD))
+    managed = tp.CheckpointManager(ckpt, directory, max_to_keep=2)
+    assert managed.restore_or_initialize() is None
+    metrics.reset()
+    managed.save()
+    managed.save(options=tp.CheckpointOptions(enable_async=True))
+    managed.sync()
+    last = managed.save()
+    same_everywhere(f"{last} {managed.latest_checkpoint} {managed.checkpoints}")
+    assert managed.latest_checkpoint == last == str(directory / "ckpt-3"), last
+    assert managed.checkpoints == [str(directory / f"ckpt-{n}") for n in (2, 3)]
+    assert sorted(p.name for p in directory.glob("*.index")) == ["ckpt-2.index", "ckpt-3.index"]
+    figures = metrics.snapshot()
+    sizes = figures[metrics.CHECKPOINT_SIZE]
+    assert (sizes[()]["count"] if sizes else 0) == (3 if RANK == 0 else 0), sizes
+    durations = figures[metrics.WRITE_DURATION]
+    assert durations[(("mode", "sync"), ("phase", "blocking"))]["count"] == 2, durations
+    assert durations[(("mode", "async"), ("phase", "background"))]["count"] == 1, durations
+
+    model, optimizer = build(RANK, WORLD, 5, dtensor=False)
+    again = tp.CheckpointManager(
+        tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=30), directory,
+        max_to_keep=2,
+    )
+    assert again.restore_or_initialize() == last
+    expected = {k: v for k, v in reference(1).items() if "/dt/" not in k}
+    check(model, optimizer, expected)
+
+    stalled = tpd.DistributedCheckpoint(model=model, timeout=3)  # creating it is collective
+    marker = workdir / "stall-done"
+    if RANK == 0:
+        started = time.monotonic()
+        try:
+            stalled.write(workdir / "stalled" / "ckpt")
+        except tpd.CollectiveError as exc:
+            print(f"stalled save failed after {time.monotonic() - started:.1f} s: {exc}")
+        else:
+            raise AssertionError("a save that rank 1 never joined succeeded")
+        marker.touch()
+    else:  # alive, answering nothing, until rank 0 has given up
+        deadline = time.monotonic() + 40
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert not (workdir / "stalled" / "ckpt.index").exists()
+
+
 def s3(workdir: Path, root: str) -> None:
     """Save on S3 (fsspec), then restore into other values with coalesced reads."""
     import s3fs
@@ -172,9 +233,10 @@ def main() -> int:
     scenario, workdir, *args = sys.argv[1:]
     init()
     try:
-        {"save": save, "restore": restore, "kill": kill, "s3": s3}[scenario](Path(workdir), *args)
+        scenarios = {"save": save, "restore": restore, "kill": kill, "s3": s3, "manager": manager}
+        scenarios[scenario](Path(workdir), *args)
     finally:
-        if scenario != "kill":
+        if scenario not in ("kill", "manager"):  # their groups are broken on purpose
             dist.destroy_process_group()
     print(f"rank {RANK}: OK")
     return 0

@@ -3,6 +3,8 @@
 One 4-rank run saves the sharded + replicated model twice (sync, then async with the values
 changed right after the snapshot) and then a save one rank fails; its checkpoints are restored
 on 1, 2 and 3 ranks with other slicings, read whole by ``tp.load_checkpoint`` and by TensorFlow.
+Two-rank runs: a rank killed mid-save, ``CheckpointManager`` on every rank followed by a save
+one live rank never joins, S3.
 """
 
 from __future__ import annotations
@@ -119,6 +121,17 @@ def test_rank_killed_mid_save_fails_the_save_everywhere(tmp_path: Path, victim: 
     reader = tp.load_checkpoint(directory / "ckpt-1")
     np.testing.assert_array_equal(reader.get_tensor(key("lin.weight")),
                                   reference(1)[key("lin.weight")])
+
+
+def test_checkpoint_manager_on_2_ranks_and_a_rank_that_never_joins(tmp_path: Path) -> None:
+    results = launch("manager", 2, tmp_path, timeout=90)
+    assert all(r.returncode == 0 for r in results), report(results)
+    out = results[0].stdout
+    assert "stalled save failed after" in out, report(results)
+    waited = float(out.split("stalled save failed after ")[1].split(" s")[0])
+    assert 2.5 <= waited < 30, out
+    assert "nothing was committed" in out and "did not reach the same call within 3 s" in out
+    assert not [p for p in (tmp_path / "stalled").iterdir() if "_temp_" in p.name]
 
 
 def test_save_and_restore_on_s3(tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> None:

@@ -2,13 +2,15 @@
 
 Fast checks of what the process tests cannot afford to repeat: the save plan's validation
 errors, byte balancing of replicated values, flat ranges cut into boxes, numpy ``Slice`` /
-``FlatSlice`` values resharded, errors raised on every rank, coalesced reads.
+``FlatSlice`` values resharded, errors raised on every rank, a rank that never joins, coalesced
+reads, ``CheckpointManager`` on every rank, the figures of a save.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ pytest.importorskip("torch")
 
 import trackpoint as tp  # noqa: E402
 import trackpoint.distributed as tpd  # noqa: E402
+from trackpoint import metrics  # noqa: E402
 from trackpoint.distributed.layout import flat_range_boxes  # noqa: E402
 from trackpoint.distributed.plan import TensorInfo, assign_writers  # noqa: E402
 from trackpoint.distributed.read_plan import ByteRange, coalesce  # noqa: E402
@@ -40,7 +43,7 @@ def run_ranks(world: int, work: Callable[[int, tpd.Collective], Any]) -> list[An
         except BaseException as exc:  # noqa: BLE001  (returned to the test)
             results[rank] = exc
 
-    threads = [threading.Thread(target=target, args=(r,)) for r in range(world)]
+    threads = [threading.Thread(target=target, args=(r,), name=f"rank{r}") for r in range(world)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -140,6 +143,30 @@ def test_a_rank_leaving_the_group_fails_the_save_on_the_others(tmp_path: Path) -
     assert f"Saving checkpoint {tmp_path / 'ckpt'} failed, nothing was committed" in str(errors[0])
     assert not (tmp_path / "ckpt.index").exists()
     assert not [p for p in tmp_path.iterdir() if "_temp_" in p.name]
+
+
+def test_a_rank_alive_but_never_joining_fails_the_save_after_the_timeout(tmp_path: Path) -> None:
+    group = tpd.ThreadGroup(2, timeout=3)
+    outcome: list[Any] = []
+
+    def rank0() -> None:
+        started = time.monotonic()
+        try:
+            checkpoint({"x": np.zeros(3)}, group.collective(0)).write(tmp_path / "ckpt")
+        except BaseException as exc:  # noqa: BLE001  (checked below)
+            outcome.append(exc)
+        outcome.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=rank0)
+    thread.start()  # rank 1 stays alive (this thread) but never calls write
+    thread.join(30)
+    assert not thread.is_alive()
+    error, waited = outcome
+    assert isinstance(error, tpd.CollectiveError), error
+    assert "did not take part within 3 s" in str(error)
+    assert f"Saving checkpoint {tmp_path / 'ckpt'} failed, nothing was committed" in str(error)
+    assert waited >= 2.5
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, no temporary folder
 
 
 @pytest.mark.parametrize(
@@ -261,3 +288,112 @@ def test_restore_with_coalesced_reads_makes_one_request_per_file(tmp_path: Path)
     for name, value in many.items():
         np.testing.assert_array_equal(values[name], value)
     assert storage.data_reads == 2  # 2 data files, one merged request each
+
+
+def test_checkpoint_manager_on_every_rank_agrees_and_only_the_coordinator_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trackpoint.management as management
+
+    rank_of: dict[int, int] = {}  # id(manager) -> rank
+    calls: list[tuple[Any, ...]] = []
+
+    def spy(name: str) -> None:
+        real = getattr(tp.CheckpointManager, name)
+
+        def wrapped(self: tp.CheckpointManager, *args: Any) -> Any:
+            calls.append((rank_of[id(self)], name))
+            return real(self, *args)
+        monkeypatch.setattr(tp.CheckpointManager, name, wrapped)
+
+    spy("_record_state")
+    spy("_sweep")
+    real_remove = management.remove_checkpoint
+
+    def remove(path: str) -> None:
+        newest = tp.latest_checkpoint(tmp_path)
+        calls.append(("remove", path, Path(f"{newest}.index").exists()))
+        real_remove(path)
+
+    monkeypatch.setattr(management, "remove_checkpoint", remove)
+    initialized = []
+
+    def save(rank: int, collective: tpd.Collective) -> tuple[Any, ...]:
+        ckpt = checkpoint(sharded_values(2, rank), collective)
+        manager = tp.CheckpointManager(ckpt, tmp_path, max_to_keep=2,
+                                       init_fn=lambda: initialized.append(rank))
+        rank_of[id(manager)] = rank
+        first = manager.restore_or_initialize()
+        paths = [manager.save(), manager.save(options=tp.CheckpointOptions(enable_async=True))]
+        manager.sync()
+        paths.append(manager.save())
+        return first, paths, manager.latest_checkpoint, manager.checkpoints
+
+    results = run_ranks(2, save)
+    expected = [str(tmp_path / f"ckpt-{n}") for n in (1, 2, 3)]
+    assert results[0] == results[1] == (None, expected, expected[2], expected[1:]), results
+    assert sorted(initialized) == [0, 1]
+    # The state file and the sweep: on the coordinator only, once per save; ckpt-1 is
+    # deleted once, after ckpt-3 is committed.
+    assert [c for c in calls if c[0] != "remove"] == [(0, "_record_state"), (0, "_sweep"),
+                                                       (0, "_record_state")] * 3
+    assert [c for c in calls if c[0] == "remove"] == [("remove", expected[0], True)]
+    assert sorted(p.name for p in tmp_path.glob("*.index")) == ["ckpt-2.index", "ckpt-3.index"]
+    assert tp.latest_checkpoint(tmp_path) == expected[2]
+
+    def restore(rank: int, collective: tpd.Collective) -> tuple[Any, ...]:
+        values = sharded_values(2, rank, fill=-1)
+        manager = tp.CheckpointManager(checkpoint(values, collective), tmp_path, max_to_keep=2)
+        return manager.restore_or_initialize(), manager.checkpoints, values["_locals"]
+
+    for rank, (restored, managed, (table, _, shared)) in enumerate(run_ranks(2, restore)):
+        assert restored == expected[2] and managed == expected[1:]
+        start, count = rows(2, rank)
+        np.testing.assert_array_equal(table, FULL[start : start + count])
+        np.testing.assert_array_equal(shared, np.arange(5))
+
+
+@pytest.mark.parametrize("enable_async", [False, True], ids=["sync", "async"])
+def test_a_save_records_the_figures_of_one_checkpoint_and_each_ranks_durations(
+    tmp_path: Path, enable_async: bool
+) -> None:
+    metrics.reset()
+    events: dict[int, list[tp.saving.ProgressEvent]] = {0: [], 1: []}
+
+    def save(rank: int, collective: tpd.Collective) -> str:
+        ckpt = checkpoint(sharded_values(2, rank), collective)
+        options = tp.CheckpointOptions(progress=events[rank].append, enable_async=enable_async)
+        path = ckpt.write(tmp_path / "ckpt", options)
+        ckpt.sync()
+        return path
+
+    try:
+        assert run_ranks(2, save) == [str(tmp_path / "ckpt")] * 2
+        figures = metrics.snapshot()
+    finally:
+        metrics.reset()
+    data = [f.stat().st_size for f in sorted(tmp_path.glob("ckpt.data-*"))]
+    size = sum(data) + (tmp_path / "ckpt.index").stat().st_size
+    mode = "async" if enable_async else "sync"
+    commits = []
+    for rank in (0, 1):
+        last = events[rank][-1]
+        assert last.phase == "commit" and last.num_shards == len(data) == 2
+        stats = last.stats
+        assert isinstance(stats, metrics.WriteStats) and stats.mode == mode
+        assert stats.shard_bytes == tuple(data) and stats.checkpoint_bytes == size
+        assert stats.blocking_seconds > 0
+        commits.append(last)
+        writes = [e for e in events[rank] if e.phase == "write"]
+        assert [e.shard_id for e in writes] == [rank]  # one shard per rank, numbered by rank
+    assert commits[0].bytes_total == commits[1].bytes_total > 0
+    # The checkpoint once (the coordinator), the durations of both ranks (one registry here).
+    assert figures[metrics.CHECKPOINT_SIZE][()]["count"] == 1
+    assert figures[metrics.CHECKPOINT_SIZE][()]["sum"] == size
+    assert figures[metrics.SHARDS_WRITTEN][()] == 2
+    assert figures[metrics.BYTES_WRITTEN][()] == size
+    blocking = (("mode", mode), ("phase", "blocking"))
+    assert figures[metrics.WRITE_DURATION][blocking]["count"] == 2
+    if enable_async:
+        background = (("mode", "async"), ("phase", "background"))
+        assert figures[metrics.WRITE_DURATION][background]["count"] == 2

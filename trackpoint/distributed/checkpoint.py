@@ -13,11 +13,13 @@ import dataclasses
 import logging
 from typing import Any
 
+from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
 from trackpoint.checkpoint import Checkpoint
 from trackpoint.distributed.collective import Collective, LocalCollective, TorchCollective
 from trackpoint.distributed.optimizers import (
     init_sharded_optimizer_state,
+    needs_sharded_optimizer_state,
     propagate_optimizer_layouts,
 )
 from trackpoint.distributed.read_plan import IndexView, PrefetchedStorage, read_requests
@@ -149,6 +151,15 @@ class DistributedCheckpoint:
         return self._collective.rank
 
     @property
+    def is_coordinator(self) -> bool:
+        """True on the rank that commits, writes the state file and deletes old checkpoints.
+
+        ``tp.CheckpointManager`` reads it: on the other ranks it follows the state file the
+        coordinator wrote instead of writing it or deleting anything.
+        """
+        return self._collective.rank == self._coordinator
+
+    @property
     def world_size(self) -> int:
         return self._collective.world_size
 
@@ -161,10 +172,13 @@ class DistributedCheckpoint:
     def write(self, prefix: PathLike, options: CheckpointOptions | None = None) -> str:
         """Write one checkpoint at exactly ``prefix`` from every rank; collective.
 
-        Atomic: the checkpoint appears complete or not at all. Write callbacks run on the
-        coordinator, after the commit. With ``options.enable_async`` each rank snapshots its
+        Atomic: the checkpoint appears complete or not at all. Each rank's write callbacks
+        run on that rank once the checkpoint is committed: the coordinator's first, the other
+        ranks' after it has finished them (guard side effects wanted once, such as an upload,
+        with :attr:`is_coordinator`). With ``options.enable_async`` each rank snapshots its
         values and returns; the ranks' background threads then save together (:meth:`sync`
-        waits).
+        waits). The save's figures are recorded in ``trackpoint.metrics`` (the checkpoint's
+        size and shards by the coordinator, durations by every rank; docs/distributed.md).
 
         Returns:
             ``prefix`` as a str, on every rank.
@@ -199,9 +213,10 @@ class DistributedCheckpoint:
         def update_state_file() -> None:
             write_checkpoint_state(checkpoint_directory(path), path, [path], storage=storage)
 
-        options = dataclasses.replace(
-            options, write_callbacks=(*options.write_callbacks, update_state_file)
-        )
+        if self.is_coordinator:
+            options = dataclasses.replace(
+                options, write_callbacks=(*options.write_callbacks, update_state_file)
+            )
         return self._write(path, options)
 
     def _saver(self, view: ObjectGraphView) -> DistributedSaver:
@@ -223,14 +238,15 @@ class DistributedCheckpoint:
             )
 
     def _write(self, prefix: str, options: CheckpointOptions) -> str:
+        timing = metrics.begin_write()  # this rank's wait starts here
         saver = self._saver(self._checkpoint.object_graph_view)
         if options.enable_async:
             if self._async is None:
                 self._async = AsyncWriter()
-            return self._async.save(saver, prefix, options)
+            return self._async.save(saver, prefix, options, timing=timing)
         if self._async is not None:
             self._async.sync()
-        return saver.save(prefix, options)
+        return saver.save(prefix, options, timing=timing)
 
     def sync(self) -> None:
         """Wait for this rank's pending async save; raise its error if it failed."""
@@ -284,13 +300,18 @@ class DistributedCheckpoint:
         prefetched: PrefetchedStorage | None = None
         try:
             view = self._checkpoint.object_graph_view
-            index = IndexView.load(prefix, storage)
             objects = list_objects(view, skip_slot_variables=True)
-            if index.has_slot_variables():
+            # The index is parsed here only when needed: the restore parses it anyway, and
+            # with many ranks it lists many slices.
+            index: IndexView | None = None
+            if needs_sharded_optimizer_state(objects):
+                index = IndexView.load(prefix, storage)
+            if index is not None and index.has_slot_variables():
                 init_sharded_optimizer_state(objects)
             else:
                 propagate_optimizer_layouts(objects)
             if self._should_coalesce(storage):
+                index = index or IndexView.load(prefix, storage)
                 prefetched = self._prefetch(view, index, storage, options)
             read_options = dataclasses.replace(options, storage=prefetched or storage)
             if restore:

@@ -23,7 +23,8 @@ from torch.distributed.tensor import DTensor
 from trackpoint.distributed.sharded import marked_layout, propagate_layout
 from trackpoint.integrations.torch_optim import OptimizerAdapter
 
-__all__ = ["init_sharded_optimizer_state", "propagate_optimizer_layouts"]
+__all__ = ["init_sharded_optimizer_state", "needs_sharded_optimizer_state",
+           "propagate_optimizer_layouts"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,21 @@ def propagate_optimizer_layouts(objects: Iterable[Any]) -> None:
                     propagate_layout(param, value)
 
 
+def _missing_sharded_state(optimizer: torch.optim.Optimizer) -> bool:
+    return any(
+        _is_sharded(p) and not optimizer.state.get(p)
+        for p in _params(optimizer) if p.requires_grad
+    )
+
+
+def needs_sharded_optimizer_state(objects: Iterable[Any]) -> bool:
+    """True if an optimizer among ``objects`` has sharded parameters without state yet.
+
+    Only then does a restore need to know whether the checkpoint holds optimizer state.
+    """
+    return any(_missing_sharded_state(optimizer) for optimizer in _optimizers(objects))
+
+
 def init_sharded_optimizer_state(objects: Iterable[Any]) -> int:
     """Create the state of optimizers whose sharded parameters have none (see module docstring).
 
@@ -62,10 +78,10 @@ def init_sharded_optimizer_state(objects: Iterable[Any]) -> int:
     """
     stepped = 0
     for optimizer in _optimizers(objects):
+        if not _missing_sharded_state(optimizer):
+            continue
         params = [p for p in _params(optimizer) if p.requires_grad]
         empty = [p for p in params if not optimizer.state.get(p)]
-        if not any(_is_sharded(p) for p in empty):
-            continue
         grads = [p.grad for p in params]
         rates = [group["lr"] for group in optimizer.param_groups]
         empty_ids = {id(p) for p in empty}

@@ -15,8 +15,10 @@ its error, so all ranks fail together and quickly:
 3. *write*: each rank writes its shards (a thread pool, as a single-process save does) and
    reports success or its error to the coordinator.
 4. *commit*: the coordinator merges the shard indexes into ``prefix`` (data files renamed into
-   place, the index written last: the commit point) and runs the write callbacks (the state
-   file); then it tells every rank the result, and all return ``prefix`` or raise.
+   place, the index written last: the commit point) and runs its write callbacks (the state
+   file); then it tells every rank the result and the checkpoint's file sizes. The other ranks
+   run their own write callbacks, every rank records its figures (:func:`_record`) and reports
+   ``"commit"`` with them, and all return ``prefix`` or raise.
 
 Any failure before the commit point aborts on the coordinator (everything this save wrote is
 removed; an earlier checkpoint stays the latest). If the coordinator itself dies, its temporary
@@ -26,9 +28,11 @@ folder is removed by the next save in that directory (see :mod:`trackpoint.savin
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Mapping
 from typing import Any, NoReturn
 
+from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
 from trackpoint.distributed.collective import Collective, CollectiveError
 from trackpoint.distributed.plan import TensorInfo, assign_writers, describe
@@ -51,6 +55,7 @@ from trackpoint.saving import (
     validate_shards,
 )
 from trackpoint.saving.commit import AtomicCommit
+from trackpoint.saving.progress import WrittenFiles, committed_sizes, write_stats
 from trackpoint.saving.shard_writer import payload_bytes, write_shards
 from trackpoint.saving.sharding import policy_description
 from trackpoint.storage import Storage, storage_for
@@ -105,7 +110,7 @@ class DistributedSaver(MultiDeviceSaver):
         serialized_tensors: this rank's values, as for ``MultiDeviceSaver``.
         registered_savers: objects of registered savers; only the coordinator's are saved.
         collective: the ranks taking part.
-        coordinator: the rank that merges, commits and runs the write callbacks.
+        coordinator: the rank that merges and commits (its write callbacks run first).
         graph_keys: on the coordinator, the checkpoint keys of its object graph (every rank's
             values must be among them).
         error: an error that happened while gathering this rank's values; the save fails on
@@ -151,8 +156,8 @@ class DistributedSaver(MultiDeviceSaver):
     ) -> str:
         """Take part in saving ``prefix`` with the other ranks (see the module docstring).
 
-        ``timing`` is accepted for the callers of ``MultiDeviceSaver.save_snapshot`` (the
-        async writer); a distributed save's figures are not recorded in ``trackpoint.metrics``.
+        ``timing`` (``trackpoint.metrics.begin_write()``; by default this call) times this
+        rank's part: see :func:`_record` for what each rank records.
 
         Returns:
             ``prefix``, on every rank, once the checkpoint is committed.
@@ -162,10 +167,37 @@ class DistributedSaver(MultiDeviceSaver):
                 value cannot be stored; raised on every rank.
             CheckpointError: a rank failed or died; nothing was committed.
         """
+        started = time.perf_counter()
+        timing = timing or metrics.begin_write()
         options = options or CheckpointOptions()
         prefix_str = fspath(prefix)
         storage = storage or options.storage or storage_for(prefix_str, fsync=options.fsync)
-        return _SaveRun(self, snapshot, prefix_str, options, storage).run()
+        return _SaveRun(self, snapshot, prefix_str, options, storage, timing, started).run()
+
+
+def _record(stats: metrics.WriteStats, timing: metrics.WriteTiming, *, coordinator: bool) -> None:
+    """Record one rank's figures of a committed distributed save.
+
+    The coordinator records the whole save as a single-process save does (its durations, and
+    the merged checkpoint's size, data files and bytes), so the job's checkpoints, bytes and
+    shards are counted once however many ranks there are. Every other rank records only its
+    own durations: the time it was blocked (and, for async saves, its background time) and
+    the training time before the save; for a sync save it restarts its training clock.
+    """
+    if coordinator:
+        metrics.record_write(stats)
+        return
+    metrics.record_duration(
+        metrics.WRITE_DURATION, stats.blocking_seconds, mode=stats.mode, phase="blocking"
+    )
+    if stats.mode == "async":
+        metrics.record_duration(
+            metrics.WRITE_DURATION, stats.background_seconds, mode="async", phase="background"
+        )
+    else:
+        metrics.end_blocking(timing)  # the save is over here: the training clock restarts
+    if stats.training_seconds is not None:
+        metrics.record_duration(metrics.TRAINING_TIME_BETWEEN_WRITES, stats.training_seconds)
 
 
 class _SaveRun:
@@ -173,7 +205,8 @@ class _SaveRun:
 
     def __init__(
         self, saver: DistributedSaver, snapshot: SaveSnapshot, prefix: str,
-        options: CheckpointOptions, storage: Storage,
+        options: CheckpointOptions, storage: Storage, timing: metrics.WriteTiming,
+        started: float,
     ) -> None:
         self.saver = saver
         self.collective = saver.collective
@@ -185,6 +218,9 @@ class _SaveRun:
         self.tensors = [st for sts in snapshot.tensors_by_task.values() for st in sts]
         self.error: BaseException | None = saver.error
         self.commit: AtomicCommit | None = None
+        self.timing = timing
+        self.started = started
+        self.sharding_seconds = 0.0
 
     def run(self) -> str:
         try:
@@ -253,7 +289,7 @@ class _SaveRun:
         # 3. write
         written = 0
         try:
-            written = self._write(shards, names[first : first + len(shards)])
+            written = self._write(shards, names, first)
         except Exception as exc:
             self.error = exc
         statuses = self.collective.gather(
@@ -266,8 +302,25 @@ class _SaveRun:
             result = self._commit(statuses, names)
         result = self.collective.broadcast(result, coordinator)
         self._check(result["errors"])
-        self._progress("commit", 1, 1, result["bytes"], result["bytes"])
+        if not self.is_coordinator:
+            # The checkpoint is committed: this rank's own callbacks (its CheckpointManager
+            # follows the state file the coordinator's callbacks wrote).
+            self.options.run_write_callbacks(self.prefix)
+        self._finish(result, len(names))
         return self.prefix
+
+    def _finish(self, result: dict[str, Any], num_shards: int) -> None:
+        """Record this rank's figures and report ``"commit"`` with them."""
+        files = tuple(int(n) for n in result["files"])
+        policy = policy_description(self.options.sharding_policy or ShardByTaskPolicy())
+        written = WrittenFiles(
+            len(files), result["bytes"], files, result["index"] + sum(files), policy,
+            self.sharding_seconds,
+        )
+        stats = write_stats(self.prefix, written, self.timing, self.started)
+        _record(stats, self.timing, coordinator=self.is_coordinator)
+        nbytes = result["bytes"]
+        self._progress("commit", num_shards, num_shards, nbytes, nbytes, stats=stats)
 
     def _plan(self, gathered: list[Any]) -> list[dict[str, Any]]:
         """On the coordinator: check the ranks' plans and assign writers (or an error)."""
@@ -297,24 +350,28 @@ class _SaveRun:
 
     def _shard(self, tensors: list[ShardableTensor]) -> list[Shard]:
         policy = self.options.sharding_policy or ShardByTaskPolicy()
+        began = time.perf_counter()
         shards = [shard for shard in policy(tensors) if shard]
+        self.sharding_seconds = time.perf_counter() - began
         if not isinstance(policy, (ShardByTaskPolicy, MaxShardSizePolicy)):
             validate_shards({"": shards}, tensors, policy_description(policy))
         if self.is_coordinator and not shards:
             shards = [{}]  # the coordinator always writes (at least the object graph)
         return shards
 
-    def _write(self, shards: list[Shard], names: list[str]) -> int:
-        """Write this rank's shards; returns their payload bytes."""
+    def _write(self, shards: list[Shard], names: list[str], first: int) -> int:
+        """Write this rank's shards (``names[first:]`` on); returns their payload bytes."""
         if not shards:
             return 0
         sizes = [payload_bytes(shard) for shard in shards]
         workers = self.options.num_io_threads or min(_DEFAULT_MAX_IO_THREADS, len(shards))
-        jobs = [(name, shard, self.storage) for name, shard in zip(names, shards)]
+        mine = names[first : first + len(shards)]
+        jobs = [(name, shard, self.storage) for name, shard in zip(mine, shards)]
         done = 0
         for count, index in enumerate(write_shards(jobs, workers), start=1):
             done += sizes[index]
-            self._progress("write", count, len(shards), done, sum(sizes))
+            self._progress("write", count, len(shards), done, sum(sizes),
+                           shard_id=first + index, shard_bytes=sizes[index])
         return sum(sizes)
 
     def _commit(self, statuses: list[Any], names: list[str]) -> dict[str, Any]:
@@ -331,6 +388,8 @@ class _SaveRun:
             return {"errors": [error_message(exc, self.rank)], "bytes": 0}
         logger.info("Saved checkpoint %s from %d rank(s): %d shards, %d bytes", self.prefix,
                     self.collective.world_size, len(names), size)
+        files, index = committed_sizes(self.commit)  # for every rank's figures
+        done = {"errors": [], "bytes": size, "files": list(files), "index": index}
         try:
             self.options.run_write_callbacks(self.prefix)
         except Exception as exc:
@@ -340,13 +399,14 @@ class _SaveRun:
             message["message"] = (
                 f"the checkpoint was committed, but a write callback failed: {message['message']}"
             )
-            return {"errors": [message], "bytes": size}
-        return {"errors": [], "bytes": size}
+            done["errors"] = [message]
+        return done
 
     def _progress(
-        self, phase: str, done: int, total: int, bytes_done: int, bytes_total: int
+        self, phase: str, done: int, total: int, bytes_done: int, bytes_total: int,
+        **extra: Any,
     ) -> None:
         if self.options.progress is not None:
             self.options.progress(
-                ProgressEvent(self.prefix, phase, done, total, bytes_done, bytes_total)
+                ProgressEvent(self.prefix, phase, done, total, bytes_done, bytes_total, **extra)
             )
