@@ -173,7 +173,7 @@ def build_tables(run: RunResult) -> list[Table]:
                 save_r = _ratio(median(c.save_s), median(tp.save_s)) if tp else None
                 rest_r = _ratio(median(c.restore_s), median(tp.restore_s)) if tp else None
                 mark = "(this row)" if c is tp else ""
-                note = mark if c.status == "ok" else f"{c.status.upper()}: {c.detail}"
+                note = (mark or c.detail) if c.status == "ok" else f"{c.status.upper()}: {c.detail}"
                 rows.append((
                     c.label,
                     _gbps(nbytes, c.save_s),

@@ -40,7 +40,7 @@ class System:
     stores_bf16: ClassVar[bool] = True  # False: bf16 goes in as a raw uint16 view
     has_metadata: ClassVar[bool] = True  # False: shapes/dtypes are kept by the harness
     async_capable: ClassVar[bool] = False
-    # Workloads with more tensors are skipped unless the system is named in --systems.
+    # Workloads with more tensors get one repetition unless the system is named in --systems.
     max_default_tensors: ClassVar[int | None] = None
 
     def unavailable(self) -> str | None:

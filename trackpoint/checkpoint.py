@@ -31,6 +31,7 @@ from trackpoint.saving import (
     MultiDeviceSaver,
     ProgressEvent,
     get_registered_saver_name,
+    registered_savers,
 )
 from trackpoint.state_file import (
     checkpoint_directory,
@@ -228,7 +229,9 @@ class Checkpoint(AutoTrackable):
 
     def _write(self, prefix: str, options: CheckpointOptions) -> str:
         timing = metrics.begin_write()  # the training loop's wait starts here
-        graph = serialize_graph(self._self_view, registered_saver_for=get_registered_saver_name)
+        # No registered savers (the usual case): skip asking for each of the graph's objects.
+        saver_for = get_registered_saver_name if registered_savers() else None
+        graph = serialize_graph(self._self_view, registered_saver_for=saver_for)
         saver = MultiDeviceSaver(graph.tensors, graph.registered_savers)
         async_writer: AsyncWriter | None = self._self_async
         if options.enable_async:

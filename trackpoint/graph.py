@@ -161,7 +161,8 @@ class ObjectGraphView:
                     f"{type(child).__name__} under {name!r}, which is not trackable"
                 )
             children.append(TrackableReference(name, trackable))
-        if obj is self.root:
+        root = self._root
+        if obj is root or (isinstance(root, weakref.ref) and obj is self.root):
             for ref in self._attached:
                 child = ref.ref() if isinstance(ref.ref, weakref.ref) else ref.ref
                 if child is not None:
@@ -329,13 +330,27 @@ def _int(tag: bytes, value: int) -> bytes:
 
 
 def _child_ref(node_id: int, local_name: str) -> bytes:
-    return _field(b"\x0a", _int(b"\x08", node_id) + _string(b"\x12", local_name))
+    # Written out (no helper calls): one per edge of the graph.
+    body = b"\x08" + encode_varint(node_id) if node_id else b""
+    if local_name:
+        name = local_name.encode("utf-8")
+        body += b"\x12" + encode_varint(len(name)) + name
+    return b"\x0a" + encode_varint(len(body)) + body
 
 
 def _attribute(name: str, full_name: str, key: str) -> bytes:
-    return _field(
-        b"\x12", _string(b"\x0a", name) + _string(b"\x12", full_name) + _string(b"\x1a", key)
-    )
+    # Written out (no helper calls): one per value of the checkpoint.
+    body = b""
+    if name:
+        data = name.encode("utf-8")
+        body = b"\x0a" + encode_varint(len(data)) + data
+    if full_name:
+        data = full_name.encode("utf-8")
+        body += b"\x12" + encode_varint(len(data)) + data
+    if key:
+        data = key.encode("utf-8")
+        body += b"\x1a" + encode_varint(len(data)) + data
+    return b"\x12" + encode_varint(len(body)) + body
 
 
 def _slot_ref(variable_id: int, slot_name: str, slot_id: int) -> bytes:
@@ -382,6 +397,7 @@ def serialize_graph(
     edges: list[list[int]] = []
     marked: list[bool] = []
     node_ids, names, children = walk.node_ids, walk.names, walk.children
+    escaped_names: dict[str, str] = {}  # value name -> escaped (a few names recur)
     for index, obj in enumerate(walk.objects):
         if isinstance(obj, NotTrackable):
             path = walk.paths.get(id(obj))
@@ -392,10 +408,14 @@ def serialize_graph(
                 "NoDependency) to save this checkpoint"
             )
         refs = children[index] if index < len(children) else []
-        child_ids = [node_ids[id(ref.ref)] for ref in refs]
-        parts = [_child_ref(i, ref.name) for i, ref in zip(child_ids, refs)]
+        if refs:
+            child_ids = [node_ids[id(ref.ref)] for ref in refs]
+            parts = [_child_ref(i, ref.name) for i, ref in zip(child_ids, refs)]
+        else:  # a leaf, most nodes of a large model
+            child_ids, parts = [], []
         slots = walk.slot_refs.get(id(obj), ())
-        parts += [_slot_ref(*slot) for slot in slots]  # field 3 follows the attributes
+        if slots:
+            parts += [_slot_ref(*slot) for slot in slots]  # field 3 follows the attributes
         object_name = names[id(obj)]
         saver_name = registered_saver_for(obj) if registered_saver_for is not None else None
         has_values = False
@@ -410,8 +430,11 @@ def serialize_graph(
             full_name = _full_name(obj)
             attributes = []
             for value_name, value in obj._serialize_to_tensors().items():
-                key = checkpoint_key(object_name, value_name)
-                attributes.append(_attribute(escape_local_name(value_name), full_name, key))
+                escaped = escaped_names.get(value_name)
+                if escaped is None:
+                    escaped = escaped_names[value_name] = escape_local_name(value_name)
+                key = f"{object_name}/{OBJECT_ATTRIBUTES_NAME}/{escaped}"  # checkpoint_key()
+                attributes.append(_attribute(escaped, full_name, key))
                 values[key] = value
             tensors.add(obj, values)
             has_values = bool(attributes)

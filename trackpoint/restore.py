@@ -32,10 +32,11 @@ from trackpoint.bundle.reader import BundleReader
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph import escape_local_name, node_names
 from trackpoint.saving import CheckpointOptions, MultiDeviceSaver, local_name
+from trackpoint.saving.devices import DeviceValue
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, has_values, next_restore_uid
 from trackpoint.tracking.slots import SlotOwner
 
-__all__ = ["CheckpointPosition", "IdentityWeakSet", "RestoreCoordinator"]
+__all__ = ["CheckpointPosition", "IdentityWeakSet", "RestoreCoordinator", "WeakObjects"]
 
 logger = logging.getLogger("trackpoint.checkpoint")
 
@@ -58,6 +59,45 @@ class IdentityWeakSet:
             obj = ref()
             if obj is not None:
                 yield obj
+
+
+class WeakObjects:
+    """``{node id: object}`` holding the objects weakly.
+
+    The part of ``weakref.WeakValueDictionary``'s interface a load uses (``get``, ``[]``,
+    ``in``, ``values``, ``len``) at a fraction of its per-call cost: a load looks up every
+    node of the graph several times (100,000 nodes for a model of 100,000 variables). Entries
+    of collected objects read as absent.
+    """
+
+    __slots__ = ("_refs",)
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[Any]] = {}
+
+    def get(self, key: int, default: Any = None) -> Any:
+        ref = self._refs.get(key)
+        obj = ref() if ref is not None else None
+        return default if obj is None else obj
+
+    def __getitem__(self, key: int) -> Any:
+        obj = self._refs[key]()
+        if obj is None:
+            raise KeyError(key)
+        return obj
+
+    def __setitem__(self, key: int, value: Any) -> None:
+        self._refs[key] = weakref.ref(value)
+
+    def __contains__(self, key: object) -> bool:
+        ref = self._refs.get(key)  # type: ignore[call-overload]
+        return ref is not None and ref() is not None
+
+    def __len__(self) -> int:
+        return sum(1 for ref in self._refs.values() if ref() is not None)
+
+    def values(self) -> list[Any]:
+        return [obj for obj in (ref() for ref in self._refs.values()) if obj is not None]
 
 
 class _SlotRestoration(NamedTuple):
@@ -149,9 +189,7 @@ class RestoreCoordinator:
         self._dtypes = dict(dtypes) if dtypes is not None else None
         self.restore_uid = next_restore_uid()
         # Weak: objects with deferred restorations point at positions, which point here.
-        self.object_by_proto_id: weakref.WeakValueDictionary[int, Trackable] = (
-            weakref.WeakValueDictionary()
-        )
+        self.object_by_proto_id = WeakObjects()
         self.matched_proto_ids: set[int] = set()
         self.unused_attributes: dict[int, list[str]] = {}
         # Every Python object seen while matching, even if not used (e.g. a second object
@@ -215,8 +253,33 @@ class RestoreCoordinator:
         """Read the values of ``restorers`` (one batched read) and hand them over."""
         if not restorers and not registered:
             return
+        if not registered and self.index is not None and self.options.progress is None:
+            keys = [key for restorer in restorers for key in restorer.specs]
+            if len(set(keys)) == len(keys) and all(
+                type(value) is np.ndarray or not isinstance(value, (Mapping, DeviceValue))
+                for restorer in restorers
+                for value in restorer.specs.values()
+            ):
+                self._restore_whole_values(restorers, self.index)
+                return
         tensors = _RestorerMap(restorers)
         MultiDeviceSaver(tensors, registered).restore(self.prefix, self.options, index=self.index)
+
+    @staticmethod
+    def _restore_whole_values(restorers: list[_Restorer], index: BundleReader) -> None:
+        """What ``MultiDeviceSaver.restore`` does for a batch of whole values on this task.
+
+        The usual batch (no slices, devices, registered savers or progress callback) skips
+        building a saver, its entries and its bookkeeping: one read per key, then each object's
+        ``_restore_from_tensors``, in the same order and with the same errors. Per-value cost
+        is what a model of 100,000 small variables spends its restore on.
+        """
+        with index.reopen() as reader:
+            read = reader.read
+            for restorer in restorers:
+                restorer._restore_from_tensors(
+                    {local_name(key): read(key, copy=False) for key in restorer.specs}
+                )
 
 
 class _RestorerMap:
@@ -244,12 +307,15 @@ class _Restorer:
     ) -> None:
         self.trackable = trackable
         self.specs = specs  # checkpoint key -> the live value (its slice layout matters)
-        self.names = names  # local name in the key -> the object's own value name
+        # local name in the key -> the object's own value name; None when they are the same
+        # (the usual case: the values are passed on without renaming)
+        self.names = None if all(k == v for k, v in names.items()) else names
         self.coordinator = coordinator
         self.proto_id = proto_id  # names the node in errors (computed only then)
 
     def _restore_from_tensors(self, restored: Mapping[str, Any]) -> None:
-        values = {self.names[name]: value for name, value in restored.items()}
+        names = self.names
+        values = restored if names is None else {names[n]: v for n, v in restored.items()}
         try:
             self.trackable._restore_from_tensors(values)
         except InvalidArgumentError as exc:
@@ -338,31 +404,50 @@ class CheckpointPosition:
         coordinator = self._coordinator
         restorers: list[_Restorer] = []
         registered: dict[str, dict[str, Trackable]] = {}
-        queue: collections.deque[CheckpointPosition] = collections.deque([self])
+        # (position, its bound object): carried along instead of looked up again
+        queue: collections.deque[tuple[CheckpointPosition, Trackable]] = collections.deque(
+            [(self, self.trackable)]
+        )
         first = True
+        nodes = coordinator.proto.nodes
         while queue:
-            position = queue.popleft()
-            position._single_restore(restorers, registered)
+            position, trackable = queue.popleft()
+            node = nodes[position._proto_id]
+            position._single_restore(restorers, registered, node, trackable)
             children = root_children if first and root_children is not None else None
             first = False
-            position._queue_children(queue, children)
-            position._queue_slot_variables(queue)
+            if node.children:  # a leaf of the saved graph: its live children do not matter
+                position._queue_children(queue, children, node, trackable)
+            if coordinator.slot_restorations or coordinator.deferred_slot_restorations:
+                position._queue_slot_variables(queue, trackable)
         coordinator.restore_values(restorers, registered)
 
     def _single_restore(
-        self, restorers: list[_Restorer], registered: dict[str, dict[str, Trackable]]
+        self, restorers: list[_Restorer], registered: dict[str, dict[str, Trackable]],
+        node: TrackableObjectGraph.TrackableObject, trackable: Trackable,
     ) -> None:
-        trackable = self.trackable
         coordinator = self._coordinator
         if coordinator.restore_uid <= trackable._update_uid:
             return  # a more recently requested restore already gave it values
-        node = self.node
         if node.HasField("registered_saver") and node.registered_saver.name:
             saver = node.registered_saver
             registered.setdefault(saver.name, {})[saver.object_name] = trackable
             trackable._update_uid = coordinator.restore_uid
             return
         live = trackable._serialize_to_tensors() if has_values(trackable) else {}
+        attributes = node.attributes
+        if len(live) == 1 and len(attributes) == 1:
+            # The common case (a variable): one value, stored under its own escaped name.
+            ((own_name, value),) = live.items()
+            attribute = attributes[0]
+            if attribute.name == escape_local_name(own_name):
+                key = attribute.checkpoint_key
+                restorers.append(
+                    _Restorer(trackable, {key: value}, {local_name(key): own_name}, coordinator,
+                              self._proto_id)
+                )  # fmt: skip
+                trackable._update_uid = coordinator.restore_uid
+                return
         if not live:
             if node.attributes:
                 coordinator.unused_attributes.setdefault(self._proto_id, []).extend(
@@ -411,14 +496,12 @@ class CheckpointPosition:
         trackable._update_uid = coordinator.restore_uid
 
     def _queue_children(
-        self, queue: collections.deque[CheckpointPosition],
+        self, queue: collections.deque[tuple[CheckpointPosition, Trackable]],
         children: Mapping[str, Trackable] | None,
+        node: TrackableObjectGraph.TrackableObject, trackable: Trackable,
     ) -> None:
-        node_children = self.node.children
-        if not node_children:
-            return  # a leaf of the saved graph: its live children do not matter
+        node_children = node.children
         coordinator = self._coordinator
-        trackable = self.trackable
         if children is None:
             children = _children_of(trackable)
         for child in node_children:
@@ -432,11 +515,12 @@ class CheckpointPosition:
                         position
                     )
             elif position.bind_object(local):
-                queue.append(position)
+                queue.append((position, local))
 
-    def _queue_slot_variables(self, queue: collections.deque[CheckpointPosition]) -> None:
+    def _queue_slot_variables(
+        self, queue: collections.deque[tuple[CheckpointPosition, Trackable]], trackable: Trackable
+    ) -> None:
         coordinator = self._coordinator
-        trackable = self.trackable
         # This node is an optimizer whose variables were bound before it existed.
         for deferred in coordinator.deferred_slot_restorations.pop(self._proto_id, ()):
             variable = deferred.original_variable()
@@ -459,7 +543,7 @@ class CheckpointPosition:
                 )
 
     def _create_slot_position(
-        self, queue: collections.deque[CheckpointPosition], optimizer: Trackable,
+        self, queue: collections.deque[tuple[CheckpointPosition, Trackable]], optimizer: Trackable,
         variable: Trackable, slot_variable_id: int, slot_name: str,
     ) -> None:
         if not isinstance(optimizer, SlotOwner):
@@ -467,7 +551,7 @@ class CheckpointPosition:
         position = CheckpointPosition(self._coordinator, slot_variable_id)
         slot = optimizer._create_or_restore_slot_variable(position, variable, slot_name)
         if slot is not None and position.bind_object(slot):
-            queue.append(position)
+            queue.append((position, slot))
 
 
 def _children_of(trackable: Trackable) -> dict[str, Trackable]:

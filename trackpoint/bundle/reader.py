@@ -15,6 +15,7 @@ import threading
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
@@ -22,7 +23,7 @@ from trackpoint.bundle.crc import crc32c, unmask
 from trackpoint.bundle.dtypes import DataType, element_size, numpy_dtype_for
 from trackpoint.bundle.entries import check_header, entry_shape, parse_entry, parse_header
 from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
-from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleHeaderProto
+from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto
 from trackpoint.bundle.slice_spec import TensorSlice, encode_slice_key
 from trackpoint.bundle.strings import decode_strings
 from trackpoint.bundle.table import read_table
@@ -36,7 +37,6 @@ from trackpoint.errors import (
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto
     from trackpoint.storage.base import RangeReader, Storage
 
 __all__ = ["BundleReader"]
@@ -128,6 +128,8 @@ class BundleReader:
         # key -> _Layout, or None for a tensor the plain fast path does not handle (strings,
         # slices, big-endian files).
         self._layouts: dict[str, _Layout | None] = {}
+        # DataType -> (numpy dtype, element size), None for strings and unreadable types.
+        self._kinds: dict[int, tuple[np.dtype, int] | None] = {}
         self._lock = threading.Lock()
         self._data: dict[int, RangeReader] = {}
         self._closed = False
@@ -323,8 +325,22 @@ class BundleReader:
         """Check ``key``'s entry once and remember where its bytes are (None: no fast path).
 
         Every check of :meth:`_read_entry` and :meth:`_tensor_bytes` that does not need the
-        data file is done here, so a read is a lookup, a checksum and a view.
+        data file is done here, so a read is a lookup, a checksum and a view. The common case (a
+        valid unsliced numeric entry) is decided by :meth:`_plain_layout`; anything else goes
+        through :meth:`entry` and the full checks, which raise the errors.
         """
+        value = self._values.get(key)
+        if value is not None and not self._big_endian:
+            entry = BundleEntryProto()
+            try:
+                entry.ParseFromString(value)
+            except DecodeError:
+                pass  # self.entry() below raises the error
+            else:
+                layout = self._plain_layout(entry)
+                if layout is not None:
+                    self._layouts[key] = layout
+                    return layout
         entry = self.entry(key)
         layout = None
         if not entry.slices and not self._big_endian:
@@ -341,6 +357,40 @@ class BundleReader:
                 )
         self._layouts[key] = layout
         return layout
+
+    def _plain_layout(self, entry: BundleEntryProto) -> _Layout | None:
+        """The layout of ``entry`` if it is a valid unsliced numeric one; None: full path.
+
+        Reads each field once and does not cache the message: per-key cost matters for
+        models of many small tensors. (A hand-written decoder of the entry bytes was measured
+        no faster than protobuf's C parser plus these field reads.)
+        """
+        if entry.slices:
+            return None
+        datatype = entry.dtype
+        kind = self._kinds.get(datatype)
+        if kind is None:
+            if datatype in self._kinds:
+                return None
+            itemsize = element_size(datatype)
+            kind = None if itemsize is None else (numpy_dtype_for(datatype), itemsize)
+            self._kinds[datatype] = kind
+            if kind is None:
+                return None
+        shape_proto = entry.shape
+        shape = tuple([dim.size for dim in shape_proto.dim])
+        count = math.prod(shape)
+        size, shard_id, offset = entry.size, entry.shard_id, entry.offset
+        if (
+            shape_proto.unknown_rank
+            or (shape and min(shape) < 0)
+            or count >= 1 << 62
+            or size != count * kind[1]
+            or not 0 <= shard_id < self._header.num_shards
+            or offset < 0
+        ):
+            return None
+        return _Layout(kind[0], shape, shard_id, offset, size, unmask(entry.crc32c))
 
     def _read_layout(self, key: str, layout: _Layout) -> np.ndarray:
         """The tensor at ``layout`` as a read-only view of the mapped file, checksum verified."""

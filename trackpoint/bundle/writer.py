@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import math
-import struct
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
@@ -44,6 +45,23 @@ _CHUNK_BYTES = 8 << 20
 # write per tensor costs more than the copy for the many small tensors of a real model.
 _GATHER_BYTES = 64 << 10
 _GATHER_FLUSH = 1 << 20
+# Tensors from this size on are hashed on a helper thread while they are written.
+_PARALLEL_HASH_BYTES = 4 << 20
+_HASH_THREADS = 4  # one per concurrent shard writer (MultiDeviceSaver's default I/O threads)
+_hash_executor: ThreadPoolExecutor | None = None
+_hash_executor_lock = threading.Lock()
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    """The process-wide threads that checksum large tensors during writes (made on first use)."""
+    global _hash_executor
+    if _hash_executor is None:
+        with _hash_executor_lock:
+            if _hash_executor is None:
+                _hash_executor = ThreadPoolExecutor(
+                    max_workers=_HASH_THREADS, thread_name_prefix="trackpoint-crc"
+                )
+    return _hash_executor
 
 
 def _varint_field(tag: bytes, value: int) -> bytes:
@@ -70,12 +88,16 @@ def _entry_head(datatype: int, shape: tuple[int, ...]) -> bytes:
 
 
 def _entry_tail(offset: int, size: int, masked_crc: int) -> bytes:
-    """Fields 4-6 of a ``BundleEntryProto`` (shard_id, field 3, is 0 in a one-file bundle)."""
-    return (
-        _varint_field(b"\x20", offset)
-        + _varint_field(b"\x28", size)
-        + (b"\x35" + struct.pack("<I", masked_crc) if masked_crc else b"")
-    )
+    """Fields 4-6 of a ``BundleEntryProto`` (shard_id, field 3, is 0 in a one-file bundle).
+
+    Written out without helpers (one call per tensor); offset and size are never negative.
+    """
+    tail = b"\x20" + encode_varint(offset) if offset else b""
+    if size:
+        tail += b"\x28" + encode_varint(size)
+    if masked_crc:
+        tail += b"\x35" + masked_crc.to_bytes(4, "little")
+    return tail
 
 
 def _is_little_endian(dtype: np.dtype) -> bool:
@@ -135,7 +157,7 @@ class BundleWriter:
         self._slices: dict[str, list[TensorSlice]] = {}
         self._finished = False
         self._gathered = bytearray()  # small tensors not yet handed to the file
-        # Per-dtype (DataType, exports a buffer) and per-(DataType, shape) entry heads: the
+        # Per-dtype (DataType, writable from its buffer) and per-(DataType, shape) entry heads: the
         # same few dtypes and shapes recur across a model's tensors.
         self._kinds: dict[np.dtype, tuple[DataType, bool]] = {}
         self._heads: dict[tuple[int, tuple[int, ...]], bytes] = {}
@@ -392,7 +414,10 @@ class BundleWriter:
                 )
 
     def _kind(self, dtype: np.dtype, key: str) -> tuple[DataType, bool]:
-        """(DataType, whether the dtype exports a buffer) of ``dtype``, cached per writer."""
+        """(DataType, whether arrays of ``dtype`` can be written from their own buffer).
+
+        True for little-endian numeric dtypes that export a buffer; cached per writer.
+        """
         kind = self._kinds.get(dtype)
         if kind is None:
             datatype = datatype_for(dtype, key=key)
@@ -401,7 +426,7 @@ class BundleWriter:
             except (ValueError, TypeError):  # bfloat16 & co. have no buffer format
                 exports = False
             else:
-                exports = datatype != DataType.DT_STRING
+                exports = datatype != DataType.DT_STRING and _is_little_endian(dtype)
             kind = self._kinds[dtype] = (datatype, exports)
         return kind
 
@@ -418,9 +443,12 @@ class BundleWriter:
         """Append the bytes of ``array`` and return its serialized entry (§6)."""
         datatype, exports = self._kind(array.dtype, key)
         offset = self._offset
-        if exports and array.flags.c_contiguous and _is_little_endian(array.dtype):
+        if exports and array.flags.c_contiguous:
             # The common case, kept short: hash and write from the array's own buffer.
             size = array.nbytes
+            if size >= _PARALLEL_HASH_BYTES:
+                masked = mask(self._hash_and_write(array.reshape(-1).view(np.uint8)))
+                return self._encode(datatype, array.shape, offset, size, masked)
             masked = mask(crc32c(array))
             if size < _GATHER_BYTES:
                 self._gathered += memoryview(array)  # any C-contiguous buffer, as bytes
@@ -454,6 +482,28 @@ class BundleWriter:
             crc = extend(crc, buf)
             size += buf.size
         return size, crc
+
+    def _hash_and_write(self, data: np.ndarray) -> int:
+        """Write ``data`` (the bytes of a large tensor) and return its CRC32C.
+
+        The checksum (§6) is computed on a helper thread while this one writes: both release
+        the GIL, so the hash pass over memory overlaps the write instead of adding to it.
+        """
+        self._flush_gathered()
+        file = self._check_open()
+        view = memoryview(data)
+        try:
+            future = _hash_pool().submit(crc32c, view)
+        except RuntimeError:  # the interpreter is exiting: no new threads
+            crc = crc32c(view)
+            file.write(view)
+        else:
+            try:
+                file.write(view)
+            finally:
+                crc = future.result()
+        self._offset += view.nbytes
+        return crc
 
     def _write(self, data: bytes | np.ndarray | memoryview) -> None:
         file = self._check_open()
