@@ -21,12 +21,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trackpoint._gc import collector_paused
 from trackpoint.graph import ObjectGraphView, list_objects, node_names, readable_path
 from trackpoint.tracking.base import Trackable, has_values
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
     from trackpoint.restore import RestoreCoordinator
     from trackpoint.saving import CheckpointOptions
 
@@ -109,6 +111,10 @@ class CheckpointLoadStatus(LoadStatus):
         }
 
     def _unbound_objects(self) -> list[Trackable]:
+        with collector_paused():  # walks every object of the program's graph
+            return self._unbound_objects_unpaused()
+
+    def _unbound_objects_unpaused(self) -> list[Trackable]:
         coordinator = self._coordinator
         objects = list_objects(self._view, skip_slot_variables=self._options.skip_slot_variables)
         for obj in objects:
@@ -139,7 +145,7 @@ class CheckpointLoadStatus(LoadStatus):
         # docstring inherited
         self.assert_existing_objects_matched()
         coordinator = self._coordinator
-        names = node_names(coordinator.proto)
+        names = _LazyNames(coordinator.proto)
         skip_slots = self._options.skip_slot_variables
         for node_id, node in enumerate(coordinator.proto.nodes):
             if not node.attributes and not node.HasField("registered_saver"):
@@ -172,7 +178,7 @@ class CheckpointLoadStatus(LoadStatus):
     def assert_existing_objects_matched(self) -> Self:
         # docstring inherited
         coordinator = self._coordinator
-        names = node_names(coordinator.proto)
+        names = _LazyNames(coordinator.proto)
         for node_id in range(len(coordinator.proto.nodes)):
             trackable = coordinator.object_by_proto_id.get(node_id)
             if trackable is not None and trackable._update_uid < coordinator.restore_uid:
@@ -214,3 +220,18 @@ class CheckpointLoadStatus(LoadStatus):
         # docstring inherited
         self._coordinator.expect_partial = True
         return self
+
+
+class _LazyNames:
+    """``node_names(proto)``, computed on first lookup: only a failing assertion needs it."""
+
+    __slots__ = ("_names", "_proto")
+
+    def __init__(self, proto: TrackableObjectGraph) -> None:
+        self._proto = proto
+        self._names: dict[int, str] | None = None
+
+    def __getitem__(self, node_id: int) -> str:
+        if self._names is None:
+            self._names = node_names(self._proto)
+        return self._names[node_id]

@@ -48,11 +48,11 @@ class IdentityWeakSet:
         self._refs: dict[int, weakref.ref[Any]] = {}
 
     def add(self, obj: Any) -> None:
-        key = id(obj)
-        if key in self._refs and self._refs[key]() is obj:
-            return
-        refs = self._refs
-        self._refs[key] = weakref.ref(obj, lambda _, k=key: refs.pop(k, None))
+        # No removal callback (one closure per object costs more than the set is used): a
+        # collected object's entry reads as absent and is replaced if its id is reused.
+        ref = self._refs.get(id(obj))
+        if ref is None or ref() is not obj:
+            self._refs[id(obj)] = weakref.ref(obj)
 
     def __iter__(self) -> Iterator[Any]:
         for ref in list(self._refs.values()):
@@ -275,10 +275,10 @@ class RestoreCoordinator:
         is what a model of 100,000 small variables spends its restore on.
         """
         with index.reopen() as reader:
-            read = reader.read
+            values = iter(reader.read_many([k for r in restorers for k in r.specs], copy=False))
             for restorer in restorers:
                 restorer._restore_from_tensors(
-                    {local_name(key): read(key, copy=False) for key in restorer.specs}
+                    {local_name(key): next(values) for key in restorer.specs}
                 )
 
 
@@ -504,10 +504,12 @@ class CheckpointPosition:
         coordinator = self._coordinator
         if children is None:
             children = _children_of(trackable)
+        bound = coordinator.object_by_proto_id
         for child in node_children:
-            if child.node_id in coordinator.object_by_proto_id:
+            node_id = child.node_id
+            if node_id in bound:
                 continue
-            position = CheckpointPosition(coordinator, child.node_id)
+            position = CheckpointPosition(coordinator, node_id)
             local = trackable._lookup_dependency(child.local_name, children)
             if local is None:
                 if _has_checkpoint_values(position.node):

@@ -5,6 +5,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from trackpoint.bundle.entries import make_entry
+from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleHeaderProto
+from trackpoint.bundle.table import TableBuilder
+
 # Every numeric dtype the bundle writes, with its TensorFlow DataType name.
 NUMERIC_DTYPES: list[tuple[str, np.dtype]] = [
     ("DT_BOOL", np.dtype(bool)),
@@ -46,3 +50,22 @@ def sample(dtype: np.dtype, shape: tuple[int, ...] = (2, 3), seed: int = 0) -> n
     if dtype.kind == "c":
         values = values + 1j * rng.integers(-1, 2, count)
     return values.astype(dtype).reshape(shape)
+
+
+def hand_built(prefix: str, header: BundleHeaderProto, tensors: list[tuple]) -> None:
+    """Write a bundle from (key, datatype, shape, raw bytes, crc) without BundleWriter."""
+    data = b""
+    entries = {}
+    for key, datatype, shape, raw, crc in tensors:
+        entries[key.encode()] = make_entry(
+            datatype, shape, offset=len(data), size=len(raw), crc32c=crc
+        )
+        data += raw
+    builder = TableBuilder()
+    builder.add(b"", header.SerializeToString())
+    for key in sorted(entries):
+        builder.add(key, entries[key].SerializeToString())
+    with open(f"{prefix}.index", "wb") as f:
+        f.write(builder.finish())
+    with open(f"{prefix}.data-00000-of-00001", "wb") as f:
+        f.write(data)

@@ -6,34 +6,14 @@ import os
 
 import numpy as np
 import pytest
+from bundle_samples import hand_built
 
 from trackpoint.bundle import BundleReader, BundleWriter, CheckpointReader, masked_crc32c
 from trackpoint.bundle.crc import crc32c, extend, mask
 from trackpoint.bundle.dtypes import DataType
-from trackpoint.bundle.entries import make_entry, make_header
+from trackpoint.bundle.entries import make_header
 from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleHeaderProto
-from trackpoint.bundle.table import TableBuilder
 from trackpoint.errors import DataLossError, InvalidArgumentError, NotFoundError
-
-
-def hand_built(prefix: str, header: BundleHeaderProto, tensors: list[tuple]) -> None:
-    """Write a bundle from (key, datatype, shape, raw bytes, crc) without BundleWriter."""
-    data = b""
-    entries = {}
-    for key, datatype, shape, raw, crc in tensors:
-        entries[key.encode()] = make_entry(
-            datatype, shape, offset=len(data), size=len(raw), crc32c=crc
-        )
-        data += raw
-    builder = TableBuilder()
-    builder.add(b"", header.SerializeToString())
-    for key in sorted(entries):
-        builder.add(key, entries[key].SerializeToString())
-    with open(f"{prefix}.index", "wb") as f:
-        f.write(builder.finish())
-    with open(f"{prefix}.data-00000-of-00001", "wb") as f:
-        f.write(data)
-
 
 # -- I2: header, versions, endianness --------------------------------------------------------
 

@@ -28,12 +28,10 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trackpoint.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from trackpoint.tracking.base import Trackable
+from trackpoint.tracking.base import Trackable
 
 __all__ = [
     "AdapterFactory",
@@ -198,10 +196,11 @@ def is_adaptable(value: Any) -> bool:
 
 def to_trackable(value: Any) -> Trackable | None:
     """``value`` itself if it is a Trackable, its (cached) adapter if one is registered, or None."""
-    from trackpoint.tracking.base import Trackable
-
     if isinstance(value, Trackable):
         return value
+    adapter = _adapters.get(id(value))  # the usual case: adapted before (no lock to read)
+    if adapter is not None and adapter._self_adapted_value is value:
+        return adapter  # type: ignore[no-any-return]
     factory = _factory_for(value)
     if factory is None:
         return None
