@@ -302,14 +302,14 @@ class _Restorer:
     __slots__ = ("coordinator", "names", "proto_id", "specs", "trackable")
 
     def __init__(
-        self, trackable: Trackable, specs: dict[str, Any], names: dict[str, str],
+        self, trackable: Trackable, specs: dict[str, Any], names: dict[str, str] | None,
         coordinator: RestoreCoordinator, proto_id: int,
     ) -> None:
         self.trackable = trackable
         self.specs = specs  # checkpoint key -> the live value (its slice layout matters)
         # local name in the key -> the object's own value name; None when they are the same
         # (the usual case: the values are passed on without renaming)
-        self.names = None if all(k == v for k, v in names.items()) else names
+        self.names = names
         self.coordinator = coordinator
         self.proto_id = proto_id  # names the node in errors (computed only then)
 
@@ -442,10 +442,11 @@ class CheckpointPosition:
             attribute = attributes[0]
             if attribute.name == escape_local_name(own_name):
                 key = attribute.checkpoint_key
+                local = local_name(key)
+                names = None if local == own_name else {local: own_name}
                 restorers.append(
-                    _Restorer(trackable, {key: value}, {local_name(key): own_name}, coordinator,
-                              self._proto_id)
-                )  # fmt: skip
+                    _Restorer(trackable, {key: value}, names, coordinator, self._proto_id)
+                )
                 trackable._update_uid = coordinator.restore_uid
                 return
         if not live:
@@ -492,7 +493,8 @@ class CheckpointPosition:
                 f"{sorted(live)}, the checkpoint has {sorted(a.name for a in node.attributes)}",
                 path=coordinator.prefix,
             )
-        restorers.append(_Restorer(trackable, specs, names, coordinator, self._proto_id))
+        renamed = None if all(k == v for k, v in names.items()) else names
+        restorers.append(_Restorer(trackable, specs, renamed, coordinator, self._proto_id))
         trackable._update_uid = coordinator.restore_uid
 
     def _queue_children(

@@ -461,7 +461,7 @@ class BundleReader:
                 path=path,
                 key=key,
             )
-        return np.frombuffer(raw, dtype=layout.dtype).reshape(layout.shape)
+        return np.ndarray(layout.shape, layout.dtype, raw)  # cheaper than frombuffer + reshape
 
     def _slice_entry(self, key: str, stored: TensorSlice) -> BundleEntryProto:
         value = self._slice_values.get(encode_slice_key(key, stored))
