@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from bundle_samples import hand_built
@@ -76,3 +78,32 @@ def test_read_many_checks_each_entry_of_a_shared_shape(prefix):
             reader.read_many(["good", "bad_crc"])
         with pytest.raises(DataLossError, match="Invalid size in bundle entry"):
             reader.read_many(["bad_size"])
+
+
+def test_views_stay_valid_after_close(prefix):
+    """A zero-copy view keeps its mapping: reading it after close() is safe (no unmapped memory)."""
+    big = np.arange(2 << 20, dtype=np.float32)  # 8 MiB: checksummed on a helper thread
+    with BundleWriter(prefix) as writer:
+        writer.add("big", big)
+        writer.add("small", big[:10])
+    reader = BundleReader(prefix)
+    views = reader.read_many(["big", "small"], copy=False) + [reader.read("small", copy=False)]
+    reader.close()
+    del reader
+    gc.collect()
+    assert np.array_equal(views[0], big)
+    assert np.array_equal(views[1], big[:10]) and np.array_equal(views[2], big[:10])
+
+
+def test_a_corrupt_large_tensor_is_reported_after_parallel_checks(prefix):
+    big = np.arange(2 << 20, dtype=np.float32)
+    with BundleWriter(prefix) as writer:
+        writer.add("a", big)
+        writer.add("b", big + 1)
+    with BundleReader(prefix) as reader:
+        offset = reader.entry("b").offset
+    with open(f"{prefix}.data-00000-of-00001", "r+b") as f:
+        f.seek(offset + 100)
+        f.write(b"\xff\xff")
+    with BundleReader(prefix) as reader, pytest.raises(DataLossError, match="'b'"):
+        reader.read_many(["a", "b"], copy=False)

@@ -8,6 +8,8 @@ buffers), so callers hash numpy buffers and mmap slices without copying them.
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import crc32c as _crc32c
@@ -15,7 +17,16 @@ import crc32c as _crc32c
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["MASK_DELTA", "crc32c", "extend", "mask", "masked_crc32c", "unmask"]
+__all__ = [
+    "MASK_DELTA",
+    "PARALLEL_HASH_BYTES",
+    "crc32c",
+    "crc32c_in_background",
+    "extend",
+    "mask",
+    "masked_crc32c",
+    "unmask",
+]
 
 MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
@@ -46,3 +57,33 @@ def unmask(masked: int) -> int:
 def masked_crc32c(data: Buffer) -> int:
     """``mask(crc32c(data))``: as stored in block trailers and ``BundleEntryProto.crc32c``."""
     return mask(_crc32c.crc32c(data))
+
+
+# Buffers from this size on are worth hashing on a helper thread while the caller's thread
+# does something else (writes the bytes, checks or copies other tensors): the hash releases
+# the GIL, so the pass over memory overlaps instead of adding to the caller's time.
+PARALLEL_HASH_BYTES = 4 << 20
+_HASH_THREADS = 4  # one per concurrent shard writer (MultiDeviceSaver's default I/O threads)
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def crc32c_in_background(data: Buffer) -> Future[int]:
+    """``crc32c(data)`` computed on a process-wide helper thread (made on first use).
+
+    When the interpreter is exiting and no thread can start, the CRC is computed now and
+    returned as a completed future. ``data`` must not change until the future is done.
+    """
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(
+                    max_workers=_HASH_THREADS, thread_name_prefix="trackpoint-crc"
+                )
+    try:
+        return _pool.submit(_crc32c.crc32c, data)
+    except RuntimeError:  # the interpreter is exiting: no new threads
+        done: Future[int] = Future()
+        done.set_result(_crc32c.crc32c(data))
+        return done

@@ -12,6 +12,7 @@ import copy
 import logging
 import math
 import threading
+from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -19,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
-from trackpoint.bundle.crc import crc32c, unmask
+from trackpoint.bundle.crc import PARALLEL_HASH_BYTES, crc32c, crc32c_in_background, unmask
 from trackpoint.bundle.dtypes import DataType, element_size, numpy_dtype_for
 from trackpoint.bundle.entries import check_header, entry_shape, parse_entry, parse_header
 from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
@@ -63,6 +64,21 @@ def _count_checksum_failure(exc: DataLossError) -> None:
     """
     if "checksum does not match" in str(exc).lower():
         metrics.increment(metrics.CHECKSUM_FAILURES)
+
+
+def _array(raw: memoryview | bytes, layout: _Layout) -> np.ndarray:
+    """``raw`` as the array ``layout`` describes, sharing its memory.
+
+    ``np.frombuffer`` keeps ``raw`` exported while the array lives, which keeps the mapping
+    alive after the reader closes (``np.ndarray(buffer=raw)`` would not: it keeps only the
+    mmap object, and its memory would be unmapped under the array).
+    """
+    return np.frombuffer(raw, dtype=layout.dtype).reshape(layout.shape)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 class _Kind(NamedTuple):
@@ -243,7 +259,9 @@ class BundleReader:
         Raises:
             The errors of :meth:`read`, for the first key that fails.
         """
-        arrays = []
+        arrays: list[np.ndarray | None] = []
+        # Large tensors are checksummed on helper threads while this one goes on.
+        hashing: list[tuple[int, str, _Layout, memoryview | bytes, Future[int]]] = []
         counted = 0
         layouts = self._layouts
         try:
@@ -252,16 +270,22 @@ class BundleReader:
                 if layout is None:
                     arrays.append(self.read(key, copy=copy))
                     continue
-                array = self._view_layout(key, layout)
                 counted += layout.size
-                if copy:
-                    array = array.copy()
-                else:
-                    array.flags.writeable = False
-                arrays.append(array)
+                if layout.size >= PARALLEL_HASH_BYTES:
+                    raw = self._layout_bytes(key, layout)
+                    hashing.append((len(arrays), key, layout, raw, crc32c_in_background(raw)))
+                    arrays.append(None)
+                    continue
+                array = self._view_layout(key, layout)
+                arrays.append(array.copy() if copy else _read_only(array))
+            for index, key, layout, raw, future in hashing:
+                self._check_crc(key, layout, future.result())
+                array = _array(raw, layout)
+                arrays[index] = array.copy() if copy else _read_only(array)
         finally:
+            wait([future for *_, future in hashing])  # none still reads the file
             self._count_read(counted)
-        return arrays
+        return arrays  # type: ignore[return-value]
 
     def read_into(self, key: str, out: np.ndarray) -> None:
         """Copy tensor ``key`` into ``out`` (same shape and dtype) with one copy.
@@ -447,21 +471,28 @@ class BundleReader:
 
     def _view_layout(self, key: str, layout: _Layout) -> np.ndarray:
         """The tensor at ``layout`` as a view of the mapped file, checksum verified."""
+        raw = self._layout_bytes(key, layout)
+        self._check_crc(key, layout, crc32c(raw))
+        return _array(raw, layout)
+
+    def _layout_bytes(self, key: str, layout: _Layout) -> memoryview | bytes:
+        """The stored bytes at ``layout`` (not yet checksummed)."""
         reader = self._data.get(layout.shard_id) or self._data_reader(layout.shard_id, key)
         offset, size = layout.offset, layout.size
         if offset + size > reader.size:
             self._tensor_bytes(key, self.entry(key))  # raises the truncation error
-        raw = reader.read(offset, size) if size else memoryview(b"")
-        if crc32c(raw) != layout.crc:
+        return reader.read(offset, size) if size else memoryview(b"")
+
+    def _check_crc(self, key: str, layout: _Layout, crc: int) -> None:
+        if crc != layout.crc:
             metrics.increment(metrics.CHECKSUM_FAILURES)
             path = data_filename(self._prefix, layout.shard_id, self.num_shards)
             raise DataLossError(
-                f"Checksum does not match: stored {layout.crc} vs. calculated {crc32c(raw)} "
+                f"Checksum does not match: stored {layout.crc} vs. calculated {crc} "
                 f"for key '{key}' in {path}. The data file is corrupt",
                 path=path,
                 key=key,
             )
-        return np.ndarray(layout.shape, layout.dtype, raw)  # cheaper than frombuffer + reshape
 
     def _slice_entry(self, key: str, stored: TensorSlice) -> BundleEntryProto:
         value = self._slice_values.get(encode_slice_key(key, stored))

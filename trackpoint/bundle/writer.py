@@ -12,15 +12,13 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
 from trackpoint._types import PathLike, fspath
-from trackpoint.bundle.crc import crc32c, extend, mask
+from trackpoint.bundle.crc import PARALLEL_HASH_BYTES, crc32c, crc32c_in_background, extend, mask
 from trackpoint.bundle.dtypes import DataType, datatype_for
 from trackpoint.bundle.entries import make_entry, make_header
 from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
@@ -45,23 +43,6 @@ _CHUNK_BYTES = 8 << 20
 # write per tensor costs more than the copy for the many small tensors of a real model.
 _GATHER_BYTES = 64 << 10
 _GATHER_FLUSH = 1 << 20
-# Tensors from this size on are hashed on a helper thread while they are written.
-_PARALLEL_HASH_BYTES = 4 << 20
-_HASH_THREADS = 4  # one per concurrent shard writer (MultiDeviceSaver's default I/O threads)
-_hash_executor: ThreadPoolExecutor | None = None
-_hash_executor_lock = threading.Lock()
-
-
-def _hash_pool() -> ThreadPoolExecutor:
-    """The process-wide threads that checksum large tensors during writes (made on first use)."""
-    global _hash_executor
-    if _hash_executor is None:
-        with _hash_executor_lock:
-            if _hash_executor is None:
-                _hash_executor = ThreadPoolExecutor(
-                    max_workers=_HASH_THREADS, thread_name_prefix="trackpoint-crc"
-                )
-    return _hash_executor
 
 
 def _varint_field(tag: bytes, value: int) -> bytes:
@@ -446,7 +427,7 @@ class BundleWriter:
         if exports and array.flags.c_contiguous:
             # The common case, kept short: hash and write from the array's own buffer.
             size = array.nbytes
-            if size >= _PARALLEL_HASH_BYTES:
+            if size >= PARALLEL_HASH_BYTES:
                 masked = mask(self._hash_and_write(array.reshape(-1).view(np.uint8)))
                 return self._encode(datatype, array.shape, offset, size, masked)
             masked = mask(crc32c(array))
@@ -492,16 +473,11 @@ class BundleWriter:
         self._flush_gathered()
         file = self._check_open()
         view = memoryview(data)
+        future = crc32c_in_background(view)
         try:
-            future = _hash_pool().submit(crc32c, view)
-        except RuntimeError:  # the interpreter is exiting: no new threads
-            crc = crc32c(view)
             file.write(view)
-        else:
-            try:
-                file.write(view)
-            finally:
-                crc = future.result()
+        finally:
+            crc = future.result()
         self._offset += view.nbytes
         return crc
 
