@@ -204,3 +204,29 @@ def test_merge_version_mismatch(tmp_path):
     open(f"{b}.index", "wb").write(builder.finish())
     with pytest.raises(InvalidArgumentError, match="version"):
         merge_bundles([a, b], str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize(
+    ("box", "is_view"),
+    [
+        ("-:0,4", True),  # exactly the first stored slice
+        ("0,5:4,6", True),  # the second, spelled with explicit extents
+        ("-:2,4", False),  # straddles both: assembled
+        ("1,2:0,4", False),  # part of one slice: assembled
+    ],
+)
+def test_read_slice_without_copy_views_one_whole_stored_slice(prefix, box, is_view):
+    with BundleWriter(prefix) as writer:
+        writer.add_slice("w", (5, 10), TensorSlice.parse("-:0,4"), FULL[:, :4])
+        writer.add_slice("w", (5, 10), TensorSlice.parse("-:4,6"), FULL[:, 4:])
+        writer.add("plain", FULL)
+    target = TensorSlice.parse(box)
+    expected = FULL[target.numpy_index(FULL.shape)]
+    with BundleReader(prefix) as reader:
+        copied = reader.read_slice("w", box)
+        viewed = reader.read_slice("w", box, copy=False)
+        region = reader.read_slice("plain", box, copy=False)
+        assert np.array_equal(copied, expected) and copied.flags.writeable
+        assert np.array_equal(viewed, expected) and viewed.shape == expected.shape
+        assert viewed.flags.writeable is not is_view  # a view of the file is read-only
+        assert np.array_equal(region, expected) and not region.flags.writeable

@@ -322,10 +322,15 @@ class BundleReader:
         else:
             out[...] = self._read_entry(key, entry, copy=False)
 
-    def read_slice(self, key: str, tensor_slice: TensorSlice | str) -> np.ndarray:
-        """The sub-box ``tensor_slice`` of tensor ``key`` as a new array.
+    def read_slice(
+        self, key: str, tensor_slice: TensorSlice | str, *, copy: bool = True
+    ) -> np.ndarray:
+        """The sub-box ``tensor_slice`` of tensor ``key``, as a new array by default.
 
-        For a partitioned tensor only the stored slices that intersect the box are read.
+        For a partitioned tensor only the stored slices that intersect the box are read. With
+        ``copy=False`` a box that is a region of an unsliced numeric tensor, or exactly one
+        stored slice, comes back as a read-only view of the file (valid until :meth:`close`);
+        other boxes are assembled into a new array.
 
         Raises:
             InvalidArgumentError: the slice does not fit the tensor's shape.
@@ -337,7 +342,21 @@ class BundleReader:
         index = tensor_slice.numpy_index(full_shape)  # validates rank and fit
         entry = self.entry(key)
         if not entry.slices:
-            return np.array(self._read_entry(key, entry, copy=False)[index], copy=True)
+            region = self._read_entry(key, entry, copy=False)[index]
+            return np.array(region, copy=True) if copy else _read_only(region)
+        if not copy:
+            needed = tensor_slice.num_elements(full_shape)
+            for proto in entry.slices:
+                stored = TensorSlice.from_proto(proto)
+                common = stored.intersect(tensor_slice) if stored.rank == len(full_shape) else None
+                if (
+                    needed
+                    and common is not None
+                    and common.num_elements(full_shape) == needed
+                    and stored.num_elements(full_shape) == needed
+                ):  # the box is this stored slice
+                    slice_entry = self._checked_slice_entry(key, entry, stored, full_shape)
+                    return _read_only(self._read_entry(key, slice_entry, copy=False))
         out = np.empty(tensor_slice.shape_in(full_shape), dtype=self.dtype(key))
         self._assemble(key, entry, tensor_slice, out)
         return out
@@ -494,6 +513,22 @@ class BundleReader:
                 key=key,
             )
 
+    def _checked_slice_entry(
+        self, key: str, entry: BundleEntryProto, stored: TensorSlice, full_shape: tuple[int, ...]
+    ) -> BundleEntryProto:
+        """The entry of the stored slice ``stored``, checked against the full tensor's."""
+        slice_entry = self._slice_entry(key, stored)
+        if slice_entry.dtype != entry.dtype or entry_shape(
+            slice_entry, key=key, path=self._index_path
+        ) != stored.shape_in(full_shape):
+            raise DataLossError(
+                f"Slice '{stored}' of key '{key}' has a dtype or shape that disagrees "
+                f"with the full tensor in {self._index_path}",
+                path=self._index_path,
+                key=key,
+            )
+        return slice_entry
+
     def _slice_entry(self, key: str, stored: TensorSlice) -> BundleEntryProto:
         value = self._slice_values.get(encode_slice_key(key, stored))
         if value is None:
@@ -524,16 +559,7 @@ class BundleReader:
             common = stored.intersect(target)
             if common is None:
                 continue
-            slice_entry = self._slice_entry(key, stored)
-            if slice_entry.dtype != entry.dtype or entry_shape(
-                slice_entry, key=key, path=self._index_path
-            ) != stored.shape_in(full_shape):
-                raise DataLossError(
-                    f"Slice '{stored}' of key '{key}' has a dtype or shape that disagrees "
-                    f"with the full tensor in {self._index_path}",
-                    path=self._index_path,
-                    key=key,
-                )
+            slice_entry = self._checked_slice_entry(key, entry, stored, full_shape)
             data = self._read_entry(key, slice_entry, copy=False)
             out[common.relative_to(target, full_shape)] = data[
                 common.relative_to(stored, full_shape)

@@ -474,4 +474,4 @@ def _read(reader: BundleReader, entry: _Entry) -> np.ndarray:
             f"{list(full_shape)}, but the checkpoint holds shape {list(stored)}",
             key=key,
         )
-    return reader.read_slice(key, tensor_slice)
+    return reader.read_slice(key, tensor_slice, copy=False)
