@@ -506,10 +506,11 @@ class CheckpointPosition:
         coordinator = self._coordinator
         if children is None:
             children = _children_of(trackable)
-        bound = coordinator.object_by_proto_id
+        bound = coordinator.object_by_proto_id._refs  # `in` without a method call per child
         for child in node_children:
             node_id = child.node_id
-            if node_id in bound:
+            ref = bound.get(node_id)
+            if ref is not None and ref() is not None:
                 continue
             position = CheckpointPosition(coordinator, node_id)
             local = trackable._lookup_dependency(child.local_name, children)

@@ -55,6 +55,8 @@ def test_reads_are_zero_copy_views_of_one_mapping(tmp_path: Path) -> None:
     second = np.frombuffer(reader.read(400, 400), dtype=np.int64)
     assert np.shares_memory(first, second)
     assert reader.read(0, 8).readonly
+    whole = np.frombuffer(reader.mapped(), dtype=np.int64)  # the same mapping, whole
+    assert np.shares_memory(whole, first) and whole[999] == 999
     reader.close()
     # Views still referenced keep the mapping alive after close().
     assert first[-1] == 99

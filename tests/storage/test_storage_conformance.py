@@ -73,6 +73,8 @@ class StorageTests:
             assert bytes(reader.read(len(data) - 7, 7)) == data[-7:]
             assert bytes(reader.read(17, 0)) == b""
             assert isinstance(reader.read(5, 5), memoryview)
+            mapped = reader.mapped()  # the whole file in memory, or None (read() per range)
+            assert mapped is None or bytes(mapped) == data
 
     def test_range_read_past_end_is_data_loss(self, storage: Storage, root: str) -> None:
         path = storage.join(root, "short")

@@ -66,13 +66,16 @@ def _count_checksum_failure(exc: DataLossError) -> None:
         metrics.increment(metrics.CHECKSUM_FAILURES)
 
 
-def _array(raw: memoryview | bytes, layout: _Layout) -> np.ndarray:
+def _array(raw: np.ndarray | memoryview | bytes, layout: _Layout) -> np.ndarray:
     """``raw`` as the array ``layout`` describes, sharing its memory.
 
-    ``np.frombuffer`` keeps ``raw`` exported while the array lives, which keeps the mapping
-    alive after the reader closes (``np.ndarray(buffer=raw)`` would not: it keeps only the
-    mmap object, and its memory would be unmapped under the array).
+    A slice of a mapped file's byte array, or ``np.frombuffer``, keeps the buffer exported
+    while the array lives, which keeps the mapping alive after the reader closes
+    (``np.ndarray(buffer=raw)`` would not: it keeps only the mmap object, and the memory
+    would be unmapped under the array).
     """
+    if isinstance(raw, np.ndarray):
+        return raw.view(layout.dtype).reshape(layout.shape)
     return np.frombuffer(raw, dtype=layout.dtype).reshape(layout.shape)
 
 
@@ -158,6 +161,9 @@ class BundleReader:
         self._heads: dict[bytes, tuple[_Kind, tuple[int, ...], int] | bool] = {}
         self._lock = threading.Lock()
         self._data: dict[int, RangeReader] = {}
+        # shard id -> the whole data file as bytes, for files that are mapped into memory:
+        # tensors are sliced from it (cheaper per tensor than a read() and a new buffer).
+        self._mapped: dict[int, np.ndarray] = {}
         self._closed = False
 
     # -- metadata --------------------------------------------------------------------------
@@ -261,7 +267,7 @@ class BundleReader:
         """
         arrays: list[np.ndarray | None] = []
         # Large tensors are checksummed on helper threads while this one goes on.
-        hashing: list[tuple[int, str, _Layout, memoryview | bytes, Future[int]]] = []
+        hashing: list[tuple[int, str, _Layout, np.ndarray | memoryview | bytes, Future[int]]] = []
         counted = 0
         layouts = self._layouts
         try:
@@ -494,13 +500,21 @@ class BundleReader:
         self._check_crc(key, layout, crc32c(raw))
         return _array(raw, layout)
 
-    def _layout_bytes(self, key: str, layout: _Layout) -> memoryview | bytes:
-        """The stored bytes at ``layout`` (not yet checksummed)."""
-        reader = self._data.get(layout.shard_id) or self._data_reader(layout.shard_id, key)
-        offset, size = layout.offset, layout.size
-        if offset + size > reader.size:
+    def _layout_bytes(self, key: str, layout: _Layout) -> np.ndarray | memoryview | bytes:
+        """The stored bytes at ``layout`` (not yet checksummed), without copying them."""
+        shard_id, offset, size = layout.shard_id, layout.offset, layout.size
+        mapped = self._mapped.get(shard_id)
+        if mapped is None:
+            reader = self._data.get(shard_id) or self._data_reader(shard_id, key)
+            mapped = self._mapped.get(shard_id)
+            if mapped is None:
+                if offset + size > reader.size:
+                    self._tensor_bytes(key, self.entry(key))  # raises the truncation error
+                return reader.read(offset, size) if size else memoryview(b"")
+        end = offset + size
+        if end > mapped.size:
             self._tensor_bytes(key, self.entry(key))  # raises the truncation error
-        return reader.read(offset, size) if size else memoryview(b"")
+        return mapped[offset:end]
 
     def _check_crc(self, key: str, layout: _Layout, crc: int) -> None:
         if crc != layout.crc:
@@ -607,6 +621,9 @@ class BundleReader:
                         key=key,
                     ) from exc
                 self._data[shard_id] = reader
+                mapped = reader.mapped()
+                if mapped is not None:
+                    self._mapped[shard_id] = np.frombuffer(mapped, dtype=np.uint8)
         return reader
 
     def _tensor_bytes(self, key: str, entry: BundleEntryProto) -> tuple[memoryview, str]:
@@ -697,6 +714,7 @@ class BundleReader:
         with self._lock:
             already_closed, self._closed = self._closed, True
             readers, self._data = list(self._data.values()), {}
+            self._mapped = {}  # views handed out keep their own reference
         if not already_closed:
             metrics.increment(metrics.BYTES_READ, self.bytes_read)
         for reader in readers:
@@ -717,6 +735,7 @@ class BundleReader:
         other._count_lock = threading.Lock()
         other._lock = threading.Lock()
         other._data = {}
+        other._mapped = {}
         other._closed = False
         return other
 

@@ -48,6 +48,14 @@ class RangeReader(ABC):
                 (message: "Requested N bytes but read M").
         """
 
+    def mapped(self) -> memoryview | None:
+        """The whole file as one zero-copy view if it is already in memory (an mmap), else None.
+
+        Readers of many small tensors slice this instead of calling :meth:`read` per tensor.
+        Valid until ``close()``, like the views ``read`` returns.
+        """
+        return None
+
     def check_range(self, offset: int, length: int) -> None:
         """Raise the errors ``read`` documents for a request outside ``[0, size)``.
 

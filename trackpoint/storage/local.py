@@ -148,6 +148,10 @@ class LocalRangeReader(RangeReader):
         end = offset + length
         return self._view[offset:end]
 
+    def mapped(self) -> memoryview:
+        # docstring inherited
+        return self._view
+
     def close(self) -> None:
         # docstring inherited
         self._view.release()
