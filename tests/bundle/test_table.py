@@ -10,6 +10,7 @@ from trackpoint.bundle.crc import crc32c, extend, mask
 from trackpoint.bundle.table import (
     TableBuilder,
     read_table,
+    read_table_head,
     short_successor,
     shortest_separator,
 )
@@ -94,6 +95,23 @@ def test_multi_block_round_trip_and_large_value():
     assert read_table(data, "m.index") == entries
     big = [(b"a", b"x"), (b"b", bytes(600_000)), (b"c", b"y")]
     assert read_table(build(big), "b.index") == big
+
+
+def test_table_head_is_the_first_block():
+    entries = [
+        (f"layer_{i:05d}/kernel/.ATTRIBUTES/VARIABLE_VALUE".encode(), bytes(20))
+        for i in range(12000)
+    ]
+    data = build(entries)
+    head, blocks = read_table_head(data, "m.index")
+    assert blocks > 1 and 1 < len(head) < len(entries)
+    assert head == entries[: len(head)]
+    assert read_table_head(build(WORKED_ENTRIES), "w.index") == (WORKED_ENTRIES, 1)
+    assert read_table_head(build([]), "e.index") == ([], 0)
+    damaged = bytearray(data)
+    damaged[10] ^= 0xFF  # inside the first block: its trailer checksum fails
+    with pytest.raises(DataLossError, match="m.index"):
+        read_table_head(bytes(damaged), "m.index")
 
 
 def test_keys_must_increase():

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from trackpoint._types import PathLike, fspath
 from trackpoint.bundle.entries import parse_entry, parse_header
 from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
-from trackpoint.bundle.table import TableBuilder, read_table
+from trackpoint.bundle.table import TableBuilder, read_table, read_table_head
 from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
@@ -40,18 +40,20 @@ class _Merger:
         self.entries: dict[bytes, BundleEntryProto] = {}
         self.files: dict[str, int] = {}  # input data file -> new shard id
         self.header: BundleHeaderProto | None = None
-        # (prefix, num_shards, index entries, index bytes) of each input, in order
-        self.inputs: list[tuple[str, int, list[tuple[bytes, bytes]], bytes]] = []
+        # (prefix, num_shards, whether it has entries, index bytes) of each input, in order
+        self.inputs: list[tuple[str, int, bool, bytes]] = []
         self.total_shards = 0
 
     def add_bundle(self, prefix: str) -> None:
         index_path = index_filename(prefix)
         with self.storage.open_range_reader(index_path) as reader:
             data = bytes(reader.read(0, reader.size))
-        pairs = read_table(data, index_path)
-        if not pairs or pairs[0][0] != b"":
+        # The first block holds the header; the entries are decoded only if they are merged
+        # (one bundle is renamed whole, see _commit_single).
+        head, blocks = read_table_head(data, index_path)
+        if not head or head[0][0] != b"":
             raise CheckpointError(f"Index {index_path} has no header entry", path=index_path)
-        header = parse_header(pairs[0][1], index_path)
+        header = parse_header(head[0][1], index_path)
         if self.header is None:
             self.header = header
         elif header.endianness != self.header.endianness:
@@ -66,7 +68,7 @@ class _Merger:
                 path=index_path,
             )
         self.total_shards += header.num_shards
-        self.inputs.append((prefix, header.num_shards, pairs, data))
+        self.inputs.append((prefix, header.num_shards, len(head) > 1 or blocks > 1, data))
 
     def _add_entries(self, prefix: str, num_shards: int, pairs: list[tuple[bytes, bytes]]) -> None:
         index_path = index_filename(prefix)
@@ -114,8 +116,8 @@ class _Merger:
         """
         if len(self.inputs) != 1:
             return False
-        prefix, num_shards, pairs, data = self.inputs[0]
-        if num_shards != 1 or len(pairs) < 2:
+        prefix, num_shards, has_entries, data = self.inputs[0]
+        if num_shards != 1 or not has_entries:
             return False
         source = data_filename(prefix, 0, 1)
         target = data_filename(self.out_prefix, 0, 1)
@@ -128,8 +130,8 @@ class _Merger:
         assert self.header is not None
         if self._commit_single():
             return
-        for prefix, num_shards, pairs, _ in self.inputs:
-            self._add_entries(prefix, num_shards, pairs)
+        for prefix, num_shards, _, data in self.inputs:
+            self._add_entries(prefix, num_shards, read_table(data, index_filename(prefix)))
         count = len(self.files)
         for source, shard_id in self.files.items():
             target = data_filename(self.out_prefix, shard_id, count)

@@ -22,6 +22,7 @@ __all__ = [
     "BlockHandle",
     "TableBuilder",
     "read_table",
+    "read_table_head",
     "shortest_separator",
     "short_successor",
 ]
@@ -307,6 +308,37 @@ def read_table(data: bytes | memoryview, path: str) -> list[tuple[bytes, bytes]]
         InvalidArgumentError: a block is snappy-compressed.
     """
     data = memoryview(data).cast("B")
+    result: list[tuple[bytes, bytes]] = []
+    for sep, handle in _data_blocks(data, path):
+        entries = _block_entries(_read_block(data, handle, path), handle.offset, path)
+        if entries and (entries[-1][0] > sep or (result and entries[0][0] <= result[-1][0])):
+            raise _corrupt(path, handle.offset, "block keys out of order with the index")
+        result.extend(entries)
+    for i in range(1, len(result)):
+        if result[i][0] <= result[i - 1][0]:
+            raise _corrupt(path, 0, f"keys out of order near {result[i][0]!r}")
+    return result
+
+
+def read_table_head(data: bytes | memoryview, path: str) -> tuple[list[tuple[bytes, bytes]], int]:
+    """The pairs of a table's first data block (checksum verified), and its number of blocks.
+
+    Enough to read a bundle's header entry and to learn whether it holds more, without
+    decoding a large index.
+
+    Raises:
+        The errors of :func:`read_table`, for the footer, the index block and the first block.
+    """
+    data = memoryview(data).cast("B")
+    blocks = _data_blocks(data, path)
+    if not blocks:
+        return [], 0
+    handle = blocks[0][1]
+    return _block_entries(_read_block(data, handle, path), handle.offset, path), len(blocks)
+
+
+def _data_blocks(data: memoryview, path: str) -> list[tuple[bytes, BlockHandle]]:
+    """(separator key, handle) of every data block, from the footer and the index block."""
     size = len(data)
     if size < FOOTER_SIZE:
         raise _corrupt(path, 0, f"file is {size} bytes, shorter than a {FOOTER_SIZE}-byte footer")
@@ -324,19 +356,12 @@ def read_table(data: bytes | memoryview, path: str) -> list[tuple[bytes, bytes]]
     del meta_off, meta_size  # always empty in bundles (§3.7)
     index_handle = BlockHandle(index_off, index_size)
     index = _block_entries(_read_block(data, index_handle, path), index_off, path)
-    result: list[tuple[bytes, bytes]] = []
+    handles = []
     for sep, value in index:
         try:
             off, p = _varint(value, 0, len(value), "handle")
             length, p = _varint(value, p, len(value), "handle")
         except ValueError:
             raise _corrupt(path, index_off, f"bad block handle for index key {sep!r}") from None
-        handle = BlockHandle(off, length)
-        entries = _block_entries(_read_block(data, handle, path), off, path)
-        if entries and (entries[-1][0] > sep or (result and entries[0][0] <= result[-1][0])):
-            raise _corrupt(path, off, "block keys out of order with the index")
-        result.extend(entries)
-    for i in range(1, len(result)):
-        if result[i][0] <= result[i - 1][0]:
-            raise _corrupt(path, 0, f"keys out of order near {result[i][0]!r}")
-    return result
+        handles.append((sep, BlockHandle(off, length)))
+    return handles
