@@ -441,7 +441,7 @@ def render_markdown(run: RunResult, tables: list[Table], targets: list[TargetRow
     ), ""]
     missed = [r for r in targets if r.verdict == "MISS"]
     if missed:
-        out += ["## Missed targets: needing analysis", ""]
+        out += ["## Missed targets, and why", ""]
         for r in missed:
             body = kept.get(r.id, _PLACEHOLDER)
             out += [

@@ -184,8 +184,16 @@ class ObjectGraphView:
         names: dict[int, str] = {id(root): ""}
         children: list[list[TrackableReference]] = []
         queue = collections.deque([root])
+        plain = Trackable._trackable_children
         while queue:
             current = queue.popleft()
+            if (
+                current is not root
+                and type(current)._trackable_children is plain
+                and getattr(current, "_self_dependencies", None) == []
+            ):  # a leaf such as a variable (most objects of a large model): nothing to list
+                children.append([])
+                continue
             refs = self.list_children(current)
             children.append(refs)
             base_path = paths[id(current)]

@@ -277,9 +277,8 @@ class RestoreCoordinator:
         with index.reopen() as reader:
             values = iter(reader.read_many([k for r in restorers for k in r.specs], copy=False))
             for restorer in restorers:
-                restorer._restore_from_tensors(
-                    {local_name(key): next(values) for key in restorer.specs}
-                )
+                names = restorer.local_names
+                restorer._restore_from_tensors({name: next(values) for name in names})
 
 
 class _RestorerMap:
@@ -299,14 +298,15 @@ class _Restorer:
     object gets its own names back. Errors gain the checkpoint keys and the node path.
     """
 
-    __slots__ = ("coordinator", "names", "proto_id", "specs", "trackable")
+    __slots__ = ("coordinator", "local_names", "names", "proto_id", "specs", "trackable")
 
     def __init__(
-        self, trackable: Trackable, specs: dict[str, Any], names: dict[str, str] | None,
-        coordinator: RestoreCoordinator, proto_id: int,
+        self, trackable: Trackable, specs: dict[str, Any], local_names: tuple[str, ...],
+        names: dict[str, str] | None, coordinator: RestoreCoordinator, proto_id: int,
     ) -> None:
         self.trackable = trackable
         self.specs = specs  # checkpoint key -> the live value (its slice layout matters)
+        self.local_names = local_names  # local_name() of each key of specs, in order
         # local name in the key -> the object's own value name; None when they are the same
         # (the usual case: the values are passed on without renaming)
         self.names = names
@@ -445,8 +445,9 @@ class CheckpointPosition:
                 local = local_name(key)
                 names = None if local == own_name else {local: own_name}
                 restorers.append(
-                    _Restorer(trackable, {key: value}, names, coordinator, self._proto_id)
-                )
+                    _Restorer(trackable, {key: value}, (local,), names, coordinator,
+                              self._proto_id)
+                )  # fmt: skip
                 trackable._update_uid = coordinator.restore_uid
                 return
         if not live:
@@ -494,7 +495,10 @@ class CheckpointPosition:
                 path=coordinator.prefix,
             )
         renamed = None if all(k == v for k, v in names.items()) else names
-        restorers.append(_Restorer(trackable, specs, renamed, coordinator, self._proto_id))
+        locals_ = tuple(local_name(key) for key in specs)
+        restorers.append(
+            _Restorer(trackable, specs, locals_, renamed, coordinator, self._proto_id)
+        )
         trackable._update_uid = coordinator.restore_uid
 
     def _queue_children(

@@ -117,8 +117,10 @@ class MultiDeviceSaver:
                         f"checkpoint keys must be non-empty str, got {key!r} from {trackable!r}"
                     )
                 if not isinstance(slices, Mapping):
-                    slices = {"": slices}
-                for raw_spec, raw_value in slices.items():
+                    slices = (("", slices),)  # one whole value (the usual case)
+                else:
+                    slices = slices.items()
+                for raw_spec, raw_value in slices:
                     plain = type(raw_spec) is str and not raw_spec  # the usual "": no checks
                     spec = "" if plain else _check_spec(raw_spec, key)
                     if (key, spec) in owners:
@@ -157,19 +159,13 @@ class MultiDeviceSaver:
                 value = entry.value() if callable(entry.value) else entry.value
                 if value is None:
                     continue
-                array = as_array(value, entry.checkpoint_key)
-                tensors.append(
-                    ShardableTensor(
-                        tensor=array,
-                        dtype=array.dtype,
-                        device=entry.device,
-                        name=entry.checkpoint_key,
-                        shape=tuple(array.shape),
-                        slice_spec=entry.slice_spec,
-                        checkpoint_key=entry.checkpoint_key,
-                        trackable=entry.trackable,
-                    )
-                )
+                key = entry.checkpoint_key
+                array = value if type(value) is np.ndarray else as_array(value, key)
+                # Positional: one is made per value, and keywords cost a third more.
+                tensors.append(ShardableTensor(
+                    array, array.dtype, entry.device, key, array.shape, entry.slice_spec, key,
+                    entry.trackable,
+                ))  # fmt: skip
         return SaveSnapshot(tensors_by_task)
 
     def save(

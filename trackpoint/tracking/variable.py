@@ -185,10 +185,15 @@ class Variable(Trackable):
 
     def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
         # docstring inherited
-        saved = check_restorable(
-            self._value, restored_tensors[VARIABLE_VALUE_KEY], what=f"variable {self._name!r}"
-        )
-        np.copyto(self._value, saved, casting="no")
+        saved, value = restored_tensors[VARIABLE_VALUE_KEY], self._value
+        if not (
+            type(saved) is np.ndarray  # the usual case, checked without building messages
+            and saved.shape == value.shape
+            and saved.dtype == value.dtype
+            and value.flags.writeable
+        ):
+            saved = check_restorable(value, saved, what=f"variable {self._name!r}")
+        np.copyto(value, saved, casting="no")
 
 
 register_adapter(np.ndarray, Variable.wrap)
