@@ -454,8 +454,16 @@ def render_markdown(run: RunResult, tables: list[Table], targets: list[TargetRow
                 "<!-- /why -->",
                 "",
             ]
+    # Explanations of targets met in this run are kept (below the notes) for a later run in
+    # which they miss again.
+    spare = {k: v for k, v in kept.items() if k not in {r.id for r in missed}}
     if run.footnotes:
         out += ["## Notes", ""]
         out += [f"{i}. {n}" for i, n in enumerate(run.footnotes, 1)]
         out.append("")
+    if spare:
+        out += ["## Explanations kept from earlier runs", "",
+                "For targets met in this run; shown again under *Missed targets* if they miss.", ""]
+        for tid, body in sorted(spare.items()):
+            out += [f"### {tid}", "", f"<!-- why:{tid} -->", body.rstrip("\n"), "<!-- /why -->", ""]
     return "\n".join(out)
