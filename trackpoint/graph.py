@@ -346,12 +346,14 @@ def _child_ref(node_id: int, local_name: str) -> bytes:
     return b"\x0a" + encode_varint(len(body)) + body
 
 
-def _attribute(name: str, full_name: str, key: str) -> bytes:
+def _name_field(name: str) -> bytes:
+    """Field 1 (name) of a ``SerializedTensor``; the few value names recur, so it is cached."""
+    return _string(b"\x0a", name)
+
+
+def _attribute(name_field: bytes, full_name: str, key: str) -> bytes:
     # Written out (no helper calls): one per value of the checkpoint.
-    body = b""
-    if name:
-        data = name.encode("utf-8")
-        body = b"\x0a" + encode_varint(len(data)) + data
+    body = name_field
     if full_name:
         data = full_name.encode("utf-8")
         body += b"\x12" + encode_varint(len(data)) + data
@@ -405,7 +407,8 @@ def serialize_graph(
     edges: list[list[int]] = []
     marked: list[bool] = []
     node_ids, names, children = walk.node_ids, walk.names, walk.children
-    escaped_names: dict[str, str] = {}  # value name -> escaped (a few names recur)
+    # value name -> (escaped, its encoded name field): a few names recur
+    escaped_names: dict[str, tuple[str, bytes]] = {}
     for index, obj in enumerate(walk.objects):
         if isinstance(obj, NotTrackable):
             path = walk.paths.get(id(obj))
@@ -438,11 +441,13 @@ def serialize_graph(
             full_name = _full_name(obj)
             attributes = []
             for value_name, value in obj._serialize_to_tensors().items():
-                escaped = escaped_names.get(value_name)
-                if escaped is None:
-                    escaped = escaped_names[value_name] = escape_local_name(value_name)
+                known = escaped_names.get(value_name)
+                if known is None:
+                    escaped = escape_local_name(value_name)
+                    known = escaped_names[value_name] = (escaped, _name_field(escaped))
+                escaped, name_field = known
                 key = f"{object_name}/{OBJECT_ATTRIBUTES_NAME}/{escaped}"  # checkpoint_key()
-                attributes.append(_attribute(escaped, full_name, key))
+                attributes.append(_attribute(name_field, full_name, key))
                 values[key] = value
             tensors.add(obj, values)
             has_values = bool(attributes)

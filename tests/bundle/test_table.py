@@ -9,6 +9,7 @@ import pytest
 from trackpoint.bundle.crc import crc32c, extend, mask
 from trackpoint.bundle.table import (
     TableBuilder,
+    encode_varint,
     read_table,
     read_table_head,
     short_successor,
@@ -112,6 +113,17 @@ def test_table_head_is_the_first_block():
     damaged[10] ^= 0xFF  # inside the first block: its trailer checksum fails
     with pytest.raises(DataLossError, match="m.index"):
         read_table_head(bytes(damaged), "m.index")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, 1, 0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000, 0xFFFFFFFF, (1 << 64) - 1],
+)
+def test_varints_match_protobuf(value):
+    """Every width of the hand-written encoder, pinned to protobuf's own."""
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    assert encode_varint(value) == _VarintBytes(value)
 
 
 def test_keys_must_increase():

@@ -45,6 +45,10 @@ def encode_varint(value: int) -> bytes:
     """Protobuf/LevelDB varint (LEB128) of a non-negative integer."""
     if value < 0x80:
         return _ONE_BYTE[value]
+    if value < 0x4000:  # two and three bytes: offsets, sizes and node ids of most files
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
