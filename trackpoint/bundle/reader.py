@@ -418,16 +418,10 @@ class BundleReader:
         """
         value = self._values.get(key)
         if value is not None and not self._big_endian:
-            entry = BundleEntryProto()
-            try:
-                entry.ParseFromString(value)
-            except DecodeError:
-                pass  # self.entry() below raises the error
-            else:
-                layout = self._plain_layout(entry, value)
-                if layout is not None:
-                    self._layouts[key] = layout
-                    return layout
+            layout = self._plain_layout(value)
+            if layout is not None:
+                self._layouts[key] = layout
+                return layout
         entry = self.entry(key)
         layout = None
         if not entry.slices and not self._big_endian:
@@ -445,14 +439,20 @@ class BundleReader:
         self._layouts[key] = layout
         return layout
 
-    def _plain_layout(self, entry: BundleEntryProto, value: bytes) -> _Layout | None:
-        """The layout of ``entry`` (parsed from ``value``) if it is a valid unsliced numeric one.
+    def _plain_layout(self, value: bytes) -> _Layout | None:
+        """The layout of the entry ``value`` if it is a valid unsliced numeric one.
 
-        None sends the key down the full path. Per-key cost matters for models of many small
+        None sends the key down the full path, which raises the errors (a damaged entry
+        included). Per-key cost matters for models of many small
         tensors, so the dtype and shape (fields 1-2, the ``08 <dtype> 12 <len> <shape>`` that
         starts the bytes of every entry TensorFlow or trackpoint writes) are decoded and checked
         once per distinct prefix, and only the scalar fields are read from the parsed message.
         """
+        entry = BundleEntryProto()
+        try:
+            entry.ParseFromString(value)
+        except DecodeError:
+            return None
         head = None
         if len(value) > 3 and value[0] == 0x08 and value[2] == 0x12 and value[3] < 0x80:
             head = value[: 4 + value[3]]
