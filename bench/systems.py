@@ -134,7 +134,7 @@ def _tp_api() -> tuple[Any, Any]:
     checkpoint = getattr(tp, "Checkpoint", None)
     options = getattr(tp, "CheckpointOptions", None)
     if checkpoint is None:
-        from trackpoint.checkpoint import Checkpoint as checkpoint
+        from trackpoint.checkpoint.checkpoint import Checkpoint as checkpoint
     if options is None:
         from trackpoint.saving.options import CheckpointOptions as options
     return checkpoint, options

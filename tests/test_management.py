@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import trackpoint as tp
-from trackpoint.state_file import checkpoint_exists, get_checkpoint_state
+from trackpoint.management.state_file import checkpoint_exists, get_checkpoint_state
 
 
 class Clock:

@@ -344,7 +344,7 @@ def test_opentelemetry_one_instrument_per_figure(registry: Registry) -> None:
 def test_import_loads_no_exporter() -> None:
     code = (
         "import sys, trackpoint; "
-        "print([m for m in ('prometheus_client', 'opentelemetry', 'trackpoint._metrics_export', "
+        "print([m for m in ('prometheus_client', 'opentelemetry', 'trackpoint.metrics.export', "
         "'trackpoint.cli.progress') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

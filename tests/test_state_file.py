@@ -7,7 +7,7 @@ import os
 import pytest
 
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.state_file import (
+from trackpoint.management.state_file import (
     get_checkpoint_mtimes,
     get_checkpoint_state,
     latest_checkpoint,

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import trackpoint.integrations  # noqa: F401  (registers the lazily imported integrations)
 from trackpoint import errors, metrics
-from trackpoint.checkpoint import Checkpoint
-from trackpoint.checkpoint_utils import list_variables, load_checkpoint, load_variable
-from trackpoint.graph import list_objects, object_metadata
-from trackpoint.load_status import LoadStatus
-from trackpoint.management import CheckpointManager
+from trackpoint.checkpoint import Checkpoint, LoadStatus
+from trackpoint.graph import list_objects
+from trackpoint.management import (
+    CheckpointManager,
+    get_checkpoint_state,
+    latest_checkpoint,
+    list_variables,
+    load_checkpoint,
+    load_variable,
+    object_metadata,
+)
 from trackpoint.saving import CheckpointOptions, register_checkpoint_saver, sharding
-from trackpoint.state_file import get_checkpoint_state, latest_checkpoint
 from trackpoint.tracking import AutoTrackable, ParallelVariable, PythonState, Trackable, Variable
 
 __version__ = "0.1.0"
@@ -46,13 +52,18 @@ __all__ = [
     "sharding",
 ]
 
+_LAZY_MODULES = {
+    "jax": "trackpoint.integrations.jax",
+    "torch": "trackpoint.integrations.torch",
+}
+
 
 def __getattr__(name: str) -> Any:
     """``tp.jax`` (and ``tp.torch``) import their framework only when first used."""
-    if name in ("jax", "torch"):
+    if name in _LAZY_MODULES:
         import importlib
 
-        module = importlib.import_module(f"trackpoint.integrations.{name}")
+        module = importlib.import_module(_LAZY_MODULES[name])
         globals()[name] = module
         return module
     raise AttributeError(f"module 'trackpoint' has no attribute {name!r}")

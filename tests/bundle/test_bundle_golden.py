@@ -12,13 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from trackpoint.bundle import (
-    BundleReader,
-    BundleWriter,
-    CheckpointReader,
-    TensorSlice,
-    merge_bundles,
-)
+from trackpoint.bundle import BundleReader, BundleWriter, TensorSlice, merge_bundles
+from trackpoint.management import CheckpointReader
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "bundle"
 MANIFEST = json.loads((GOLDEN / "manifest.json").read_text())["checkpoints"]

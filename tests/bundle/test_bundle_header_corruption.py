@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from bundle_samples import hand_built
 
-from trackpoint.bundle import BundleReader, BundleWriter, CheckpointReader, masked_crc32c
+from trackpoint.bundle import BundleReader, BundleWriter, masked_crc32c
 from trackpoint.bundle.crc import crc32c, extend, mask
 from trackpoint.bundle.dtypes import DataType
 from trackpoint.bundle.entries import make_header
 from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleHeaderProto
 from trackpoint.errors import DataLossError, InvalidArgumentError, NotFoundError
+from trackpoint.management import CheckpointReader
 
 # -- I2: header, versions, endianness --------------------------------------------------------
 

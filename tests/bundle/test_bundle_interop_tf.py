@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from bundle_samples import NUMERIC_DTYPES, sample
 
-from trackpoint.bundle import BundleReader, BundleWriter, CheckpointReader, merge_bundles
+from trackpoint.bundle import BundleReader, BundleWriter, merge_bundles
+from trackpoint.management import CheckpointReader
 
 pytestmark = pytest.mark.interop
 

@@ -10,13 +10,13 @@ import pytest
 from trackpoint.bundle import (
     BundleReader,
     BundleWriter,
-    CheckpointReader,
     TensorSlice,
     encode_slice_key,
     merge_bundles,
 )
 from trackpoint.bundle.table import read_table
 from trackpoint.errors import DataLossError, InvalidArgumentError, NotFoundError
+from trackpoint.management import CheckpointReader
 
 FULL = np.arange(50, dtype=np.float32).reshape(5, 10)
 

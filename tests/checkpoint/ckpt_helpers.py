@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from trackpoint.bundle import CheckpointReader
+from trackpoint.management import CheckpointReader
 from trackpoint.tracking import AutoTrackable, PythonState, SlotOwner, Trackable, Variable
 
 

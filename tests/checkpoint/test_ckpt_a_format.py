@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from ckpt_helpers import keys_of, value_of
 
-from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.graph import list_objects, object_metadata
+from trackpoint.graph import list_objects
+from trackpoint.management import object_metadata
 from trackpoint.tracking import AutoTrackable, NoDependency, NotTrackable, Trackable, Variable
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"

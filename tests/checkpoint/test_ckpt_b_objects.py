@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from ckpt_helpers import JsonState, NumpyState, keys_of
 
-from trackpoint.checkpoint import Checkpoint
-from trackpoint.graph import object_metadata
+from trackpoint.checkpoint.checkpoint import Checkpoint
+from trackpoint.management import object_metadata
 from trackpoint.tracking import AutoTrackable, ListWrapper, NoDependency, Variable
 
 VV = "/.ATTRIBUTES/VARIABLE_VALUE"

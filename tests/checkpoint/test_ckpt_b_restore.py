@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.tracking import AutoTrackable, Variable
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from ckpt_helpers import NumpyAdam
 
-from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.saving import CheckpointOptions
 from trackpoint.tracking import AutoTrackable, Variable

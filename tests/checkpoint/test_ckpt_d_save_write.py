@@ -9,9 +9,9 @@ import pathlib
 import pytest
 from ckpt_helpers import keys_of, value_of
 
-from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.errors import NotFoundError
-from trackpoint.state_file import get_checkpoint_state, latest_checkpoint
+from trackpoint.management.state_file import get_checkpoint_state, latest_checkpoint
 from trackpoint.tracking import AutoTrackable, Variable
 
 COUNTER = "save_counter/.ATTRIBUTES/VARIABLE_VALUE"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from ckpt_helpers import NumpyAdam, keys_of
 
-from trackpoint.checkpoint import Checkpoint
-from trackpoint.graph import object_metadata
+from trackpoint.checkpoint.checkpoint import Checkpoint
+from trackpoint.management import object_metadata
 from trackpoint.saving import CheckpointOptions
 from trackpoint.tracking import AutoTrackable, Variable
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from ckpt_helpers import value_of
 
-from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.errors import CheckpointError
+from trackpoint.management.state_file import latest_checkpoint
 from trackpoint.saving import CheckpointOptions
-from trackpoint.state_file import latest_checkpoint
 from trackpoint.tracking import Trackable, Variable
 
 

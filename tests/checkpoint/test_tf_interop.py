@@ -11,8 +11,8 @@ import pytest
 from ckpt_helpers import NumpyAdam
 
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
-from trackpoint.checkpoint import Checkpoint
-from trackpoint.graph import object_metadata
+from trackpoint.checkpoint.checkpoint import Checkpoint
+from trackpoint.management import object_metadata
 from trackpoint.tracking import AutoTrackable, Variable
 
 pytestmark = pytest.mark.interop

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 import trackpoint as tp  # noqa: E402
-from trackpoint.state_file import write_checkpoint_state  # noqa: E402
+from trackpoint.management.state_file import write_checkpoint_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "torchrun_train.py"

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 import trackpoint.integrations.jax as tpj
-from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.saving import CheckpointOptions
 
 OPTIMIZER = optax.adam(1e-2)

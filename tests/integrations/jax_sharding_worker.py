@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import trackpoint.integrations.jax as tpj  # noqa: E402
 from trackpoint.bundle.reader import BundleReader  # noqa: E402
-from trackpoint.checkpoint import Checkpoint  # noqa: E402
+from trackpoint.checkpoint.checkpoint import Checkpoint  # noqa: E402
 
 FULL = np.arange(8 * 12, dtype=np.float32).reshape(8, 12)
 VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"

@@ -9,16 +9,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.checkpoint import Checkpoint
+from trackpoint.convert.convert import checkpoint_key_to_name, convert, detect_format
+from trackpoint.convert.key_map import KeyMap
+from trackpoint.convert.safetensors_format import read_safetensors, write_safetensors
 from trackpoint.errors import (
     DataLossError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
-from trackpoint.integrations.convert import checkpoint_key_to_name, convert, detect_format
-from trackpoint.integrations.key_map import KeyMap, split_checkpoint_key
-from trackpoint.integrations.safetensors_format import read_safetensors, write_safetensors
+from trackpoint.graph.keys import split_checkpoint_key
 from trackpoint.tracking import AutoTrackable, Variable
 
 VV = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -130,7 +131,7 @@ def test_checkpoint_to_checkpoint_copies_everything(tmp_path):
     dst = str(tmp_path / "copy")
     result = convert(src, dst)
     assert not result.skipped
-    from trackpoint.bundle import CheckpointReader
+    from trackpoint.management import CheckpointReader
 
     with CheckpointReader(src) as a, CheckpointReader(dst) as b:
         assert a.keys() == b.keys()

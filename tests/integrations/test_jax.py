@@ -20,10 +20,10 @@ jnp = pytest.importorskip("jax.numpy")
 optax = pytest.importorskip("optax")
 
 import trackpoint.integrations.jax as tpj  # noqa: E402
-from trackpoint.bundle.checkpoint_reader import CheckpointReader  # noqa: E402
-from trackpoint.checkpoint import Checkpoint  # noqa: E402
+from trackpoint.checkpoint.checkpoint import Checkpoint  # noqa: E402
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError  # noqa: E402
 from trackpoint.integrations.jax_pytrees import leaves_with_names  # noqa: E402
+from trackpoint.management.reader import CheckpointReader  # noqa: E402
 
 VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -317,7 +317,7 @@ def test_import_trackpoint_imports_no_jax_and_activates_it_lazily(tmp_path):
     code = f"""
 import sys
 import trackpoint
-from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.checkpoint import Checkpoint
 Checkpoint(a={{"w": __import__("numpy").zeros(2)}}).write({str(tmp_path / "np")!r})
 assert "jax" not in sys.modules, "import trackpoint imported jax"
 import jax.numpy as jnp

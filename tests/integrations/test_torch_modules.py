@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch_helpers import Net, checkpoint_keys, same  # noqa: E402
 
-from trackpoint.checkpoint import Checkpoint  # noqa: E402
+from trackpoint.checkpoint.checkpoint import Checkpoint  # noqa: E402
 from trackpoint.errors import InvalidArgumentError  # noqa: E402
 from trackpoint.integrations.torch import ModuleAdapter  # noqa: E402
 from trackpoint.tracking import to_trackable  # noqa: E402

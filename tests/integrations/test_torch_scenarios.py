@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.tracking import AutoTrackable
 
@@ -123,7 +123,7 @@ def test_b1_holder_attached_after_restore(tmp_path, backend):
 
 
 def test_python_numbers_survive_in_a_json_state(tmp_path):
-    from trackpoint.integrations.state_json import JsonState
+    from trackpoint.tracking.state_json import JsonState
 
     progress = JsonState(epoch=3, best=float("inf"), history=[0.5, 0.25], name="run")
     path = Checkpoint(progress=progress).write(tmp_path / "ckpt")

@@ -14,9 +14,8 @@ torch = pytest.importorskip("torch")
 
 from torch_helpers import DTYPES, checkpoint_keys, checkpoint_value, same, sample  # noqa: E402
 
-from trackpoint.checkpoint import Checkpoint  # noqa: E402
+from trackpoint.checkpoint.checkpoint import Checkpoint  # noqa: E402
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError  # noqa: E402
-from trackpoint.integrations import state_json  # noqa: E402
 from trackpoint.integrations.torch import (  # noqa: E402
     TensorVariable,
     copy_into,
@@ -25,7 +24,7 @@ from trackpoint.integrations.torch import (  # noqa: E402
     to_numpy,
     torch_dtype_for,
 )
-from trackpoint.tracking import to_trackable  # noqa: E402
+from trackpoint.tracking import state_json, to_trackable  # noqa: E402
 
 KEY = "t/.ATTRIBUTES/VARIABLE_VALUE"
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trackpoint.bundle import CheckpointReader
+from trackpoint.management import CheckpointReader
 
 # Every torch dtype with a bundle dtype, with a sample value (ml_dtypes/bit patterns included).
 DTYPES = [

@@ -16,8 +16,8 @@ from torch import nn
 
 import trackpoint.checkpoint as tp_checkpoint
 from trackpoint.integrations.torch import TorchRNG
+from trackpoint.management.state_file import latest_checkpoint
 from trackpoint.saving import CheckpointOptions
-from trackpoint.state_file import latest_checkpoint
 
 
 class Model(nn.Module):

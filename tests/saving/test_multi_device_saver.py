@@ -11,13 +11,13 @@ import pytest
 
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.errors import InvalidArgumentError, NotFoundError
+from trackpoint.graph.keys import local_name
 from trackpoint.saving import (
     CheckpointOptions,
     DeviceValue,
     MaxShardSizePolicy,
     MultiDeviceSaver,
     ShardingPolicy,
-    local_name,
     shard_writer,
     task_of,
 )

@@ -5,7 +5,6 @@ See DESIGN.md for what this layer owns and docs/tf-checkpoint-format.md for the 
 
 from __future__ import annotations
 
-from trackpoint.bundle.checkpoint_reader import OBJECT_GRAPH_PROTO_KEY, CheckpointReader
 from trackpoint.bundle.crc import crc32c, mask, masked_crc32c, unmask
 from trackpoint.bundle.dtypes import DataType, datatype_for, element_size, numpy_dtype_for
 from trackpoint.bundle.merge import merge_bundles
@@ -21,10 +20,8 @@ from trackpoint.bundle.slice_spec import (
 from trackpoint.bundle.writer import BundleWriter
 
 __all__ = [
-    "OBJECT_GRAPH_PROTO_KEY",
     "BundleReader",
     "BundleWriter",
-    "CheckpointReader",
     "DataType",
     "TensorSlice",
     "crc32c",

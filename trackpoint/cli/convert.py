@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from trackpoint.cli.progress import ByteProgress, human_bytes
-from trackpoint.integrations.convert import FORMATS, ConversionResult, convert
-from trackpoint.integrations.key_map import KeyMap
+from trackpoint.convert.convert import FORMATS, ConversionResult, convert
+from trackpoint.convert.key_map import KeyMap
 
 __all__ = ["add_parser", "cmd_convert"]
 

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from trackpoint.bundle import BundleReader, DataType, data_filename, index_filename
-from trackpoint.checkpoint_utils import resolve_prefix
 from trackpoint.cli.progress import ByteProgress, human_bytes
 from trackpoint.errors import CheckpointError
+from trackpoint.management.paths import resolve_prefix
 from trackpoint.storage import storage_for
 
 __all__ = ["cmd_cat", "cmd_info", "cmd_ls", "cmd_objects", "cmd_verify", "data_file_sizes"]
@@ -132,7 +132,7 @@ def cmd_cat(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_objects(args: argparse.Namespace, console: Console) -> int:
-    from trackpoint.graph import node_names, object_metadata
+    from trackpoint.graph.walk import node_names, object_metadata
 
     prefix = resolve_prefix(args.path)
     graph = object_metadata(prefix)

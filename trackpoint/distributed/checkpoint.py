@@ -16,7 +16,8 @@ from typing import Any
 from trackpoint import metrics
 from trackpoint._gc import collector_paused
 from trackpoint._types import PathLike, fspath
-from trackpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.checkpoint import Checkpoint
+from trackpoint.checkpoint.load_status import LoadStatus
 from trackpoint.distributed.collective import Collective, LocalCollective, TorchCollective
 from trackpoint.distributed.optimizers import (
     init_sharded_optimizer_state,
@@ -27,16 +28,15 @@ from trackpoint.distributed.read_plan import IndexView, PrefetchedStorage, read_
 from trackpoint.distributed.saver import DistributedSaver, error_message, raise_collected
 from trackpoint.distributed.sharded import ShardedTensorVariable, layout_of
 from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
-from trackpoint.graph import ObjectGraphView, list_objects, serialize_graph
+from trackpoint.graph.walk import ObjectGraphView, list_objects, serialize_graph
 from trackpoint.integrations.torch_tensors import TensorVariable
-from trackpoint.load_status import LoadStatus
-from trackpoint.saving import AsyncWriter, CheckpointOptions, get_registered_saver_name
-from trackpoint.state_file import (
+from trackpoint.management.state_file import (
     checkpoint_directory,
     checkpoint_exists,
     latest_checkpoint,
     write_checkpoint_state,
 )
+from trackpoint.saving import AsyncWriter, CheckpointOptions, get_registered_saver_name
 from trackpoint.storage import LocalStorage, Storage, storage_for
 
 __all__ = ["DistributedCheckpoint"]
@@ -388,7 +388,7 @@ class DistributedCheckpoint:
         except Exception as exc:
             logger.debug("not prefetching: the live objects cannot be listed (%s)", exc)
             return None
-        from trackpoint.saving.sharding import OBJECT_GRAPH_KEY
+        from trackpoint.graph.keys import OBJECT_GRAPH_KEY
 
         requests = [*read_requests(graph.tensors), (OBJECT_GRAPH_KEY, None)]
         ranges = [r for key, region in requests for r in index.ranges(key, region)]

@@ -26,7 +26,8 @@ import numpy as np
 
 from trackpoint.bundle.slice_spec import parse_slice_spec
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.saving.sharding import OBJECT_GRAPH_KEY, ShardableTensor
+from trackpoint.graph.keys import OBJECT_GRAPH_KEY
+from trackpoint.saving.sharding import ShardableTensor
 
 __all__ = ["TensorInfo", "assign_writers", "describe"]
 

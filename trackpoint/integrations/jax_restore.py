@@ -22,22 +22,21 @@ from typing import Any
 import jax
 import numpy as np
 
-from trackpoint._types import PathLike, fspath
-from trackpoint.bundle.checkpoint_reader import CheckpointReader
+from trackpoint._types import PathLike
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.bundle.slice_spec import TensorSlice
-from trackpoint.errors import InvalidArgumentError, NotFoundError
-from trackpoint.graph import checkpoint_key, escape_local_name
+from trackpoint.errors import InvalidArgumentError
+from trackpoint.graph.keys import SAVE_COUNTER, checkpoint_key, escape_local_name
 from trackpoint.integrations.jax_arrays import index_bounds, is_key_array
 from trackpoint.integrations.jax_pytrees import leaves_with_names, readable
+from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.reader import CheckpointReader
 from trackpoint.saving.options import CheckpointOptions
-from trackpoint.state_file import checkpoint_exists, latest_checkpoint
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY
 
 __all__ = ["restore"]
 
 _SHOW_AT_MOST = 10
-_SAVE_COUNTER = "save_counter"
 # Stored dtypes a Python scalar target accepts (np.asarray stores int as int64, float as
 # float64; TF and other writers may use narrower types of the same kind).
 _PY_SCALAR_DTYPES: dict[type, frozenset[np.dtype[Any]]] = {
@@ -60,20 +59,6 @@ class _Leaf:
     target: Any
     key: str
     """Checkpoint key of its ``VARIABLE_VALUE`` (the expected key if missing)."""
-
-
-def _resolve_prefix(path: str) -> str:
-    if checkpoint_exists(path):
-        return path
-    latest = latest_checkpoint(path)
-    if latest is not None:
-        return latest
-    raise NotFoundError(
-        f"no checkpoint at {path}: {path}.index does not exist and {path} is not a directory "
-        "whose 'checkpoint' state file names one. Check the path (save() appends '-N' to the "
-        "prefix; tp.latest_checkpoint(directory) finds the newest)",
-        path=path,
-    )
 
 
 def _expected_key(names: Sequence[str]) -> str:
@@ -122,9 +107,9 @@ def _match(
             used_nodes.add(node_id)
             found.append(_Leaf(position, path, leaf, key))
     ignored = set(used_nodes)
-    if all(names[:1] != (_SAVE_COUNTER,) for names, _, _ in leaves):
+    if all(names[:1] != (SAVE_COUNTER,) for names, _, _ in leaves):
         # Checkpoint.save() bookkeeping, not program state (as the load status treats it).
-        counter = children[0].get(_SAVE_COUNTER)
+        counter = children[0].get(SAVE_COUNTER)
         if counter is not None:
             ignored.add(counter)
     unused = sorted(
@@ -289,7 +274,7 @@ def restore(
         >>> params, opt_state = state["params"], state["opt_state"]
     """
     CheckpointOptions.resolve(options)  # refuses anything but options or None
-    prefix = _resolve_prefix(fspath(path))
+    prefix = resolve_prefix(path)
     with CheckpointReader(prefix) as reader:
         found, missing, unused, treedef = _match(reader, target, prefix)
         abstract = [leaf for leaf in missing if isinstance(leaf.target, jax.ShapeDtypeStruct)]

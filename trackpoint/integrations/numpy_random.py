@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.integrations.state_json import dumps, loads
 from trackpoint.tracking.adapters import register_adapter
 from trackpoint.tracking.python_state import PythonState
+from trackpoint.tracking.state_json import dumps, loads
 
 __all__ = ["NumpyRandomState"]
 

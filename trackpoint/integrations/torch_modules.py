@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch.nn.modules import module as module_lib
 
-from trackpoint.integrations.state_json import dumps, loads
 from trackpoint.integrations.torch_tensors import (
     TENSOR_JSON_HOOKS,
     TensorVariable,
@@ -35,6 +34,7 @@ from trackpoint.integrations.torch_tensors import (
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import DeferredRestoration, Trackable
 from trackpoint.tracking.python_state import PythonState
+from trackpoint.tracking.state_json import dumps, loads
 
 __all__ = ["EXTRA_STATE_NAME", "ExtraState", "ModuleAdapter", "install_registration_hooks"]
 

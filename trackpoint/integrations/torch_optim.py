@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.integrations.state_json import dumps, loads
 from trackpoint.integrations.torch_tensors import (
     TENSOR_JSON_HOOKS,
     TensorVariable,
@@ -33,6 +32,7 @@ from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import DeferredRestoration, Trackable
 from trackpoint.tracking.python_state import PythonState
 from trackpoint.tracking.slots import SlotOwner
+from trackpoint.tracking.state_json import dumps, loads
 from trackpoint.tracking.variable import Variable
 
 __all__ = ["PARAM_GROUPS_NAME", "OptimizerAdapter", "OptimizerConfig"]

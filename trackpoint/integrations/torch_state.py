@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.integrations.state_json import dumps, loads
 from trackpoint.integrations.torch_tensors import TENSOR_JSON_HOOKS, tensor_to_json
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
 from trackpoint.tracking.python_state import PythonState
+from trackpoint.tracking.state_json import dumps, loads
 
 __all__ = ["GeneratorVariable", "StateDictAdapter", "TorchRNG"]
 

@@ -23,9 +23,9 @@ import torch
 from torch.nn.parameter import UninitializedTensorMixin
 
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
-from trackpoint.integrations.state_json import array_from_json, array_to_json
 from trackpoint.saving.devices import DeviceValue
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
+from trackpoint.tracking.state_json import array_from_json, array_to_json
 
 __all__ = [
     "TENSOR_JSON_HOOKS",

@@ -17,7 +17,7 @@ from trackpoint.saving.registration import (
     registered_savers,
     unregister_checkpoint_saver,
 )
-from trackpoint.saving.saver import MultiDeviceSaver, local_name
+from trackpoint.saving.saver import MultiDeviceSaver
 from trackpoint.saving.sharding import (
     MaxShardSizePolicy,
     Shard,
@@ -45,7 +45,6 @@ __all__ = [
     "WriteCallback",
     "get_registered_saver",
     "get_registered_saver_name",
-    "local_name",
     "objects_to_restore",
     "register_checkpoint_saver",
     "registered_savers",

@@ -22,6 +22,7 @@ from trackpoint._types import PathLike, fspath
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.bundle.slice_spec import parse_slice_spec
 from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
+from trackpoint.graph.keys import local_name
 from trackpoint.saving.commit import AtomicCommit
 from trackpoint.saving.devices import LOCAL_TASK, DeviceValue, task_of
 from trackpoint.saving.options import CheckpointOptions
@@ -46,23 +47,11 @@ from trackpoint.saving.snapshot import SaveSnapshot, as_array
 from trackpoint.saving.staging import StagedSnapshot
 from trackpoint.storage import Storage, storage_for
 
-__all__ = ["MultiDeviceSaver", "ProgressEvent", "local_name"]
+__all__ = ["MultiDeviceSaver", "ProgressEvent"]
 
 logger = logging.getLogger(__name__)
 
-_ATTRIBUTES = "/.ATTRIBUTES/"
 _DEFAULT_MAX_IO_THREADS = 4
-
-
-def local_name(checkpoint_key: str) -> str:
-    """The attribute name in ``checkpoint_key``: the part after ``/.ATTRIBUTES/``.
-
-    A key without that segment (TF1 name-based keys) is returned whole. Searching for the
-    leading ``/`` too keeps an escaped child named ``.ATTRIBUTES`` (``..ATTRIBUTES``) from
-    matching, which TF's own ``extract_local_name`` gets wrong.
-    """
-    index = checkpoint_key.find(_ATTRIBUTES)
-    return checkpoint_key if index < 0 else checkpoint_key[index + len(_ATTRIBUTES) :]
 
 
 class _Entry(NamedTuple):

@@ -27,10 +27,10 @@ import numpy as np
 from trackpoint.bundle.dtypes import is_string_dtype
 from trackpoint.bundle.slice_spec import TensorSlice, format_slice_spec, parse_slice_spec
 from trackpoint.errors import InvalidArgumentError
+from trackpoint.graph.keys import OBJECT_GRAPH_KEY
 from trackpoint.saving.devices import DeviceValue, task_of
 
 __all__ = [
-    "OBJECT_GRAPH_KEY",
     "MaxShardSizePolicy",
     "Shard",
     "ShardByTaskPolicy",
@@ -42,7 +42,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 """Checkpoint key of the serialized object graph; sharding counts it as 0 bytes (§13.1)."""
 
 Shard = MutableMapping[str, MutableMapping[str, Any]]

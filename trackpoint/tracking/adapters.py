@@ -54,19 +54,16 @@ AdapterFactory = Callable[[Any], "Trackable"]
 _factories: dict[type, AdapterFactory] = {}
 _adapters: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _lock = threading.Lock()
-# Module-name prefix of a framework -> the integration module registering its adapters.
-_lazy_integrations: dict[str, str] = {
-    "torch": "trackpoint.integrations.torch",
-    "numpy.random": "trackpoint.integrations.numpy_random",
-    "jax": "trackpoint.integrations.jax",
-    "jaxlib": "trackpoint.integrations.jax",
-}
+# Module-name prefix of a framework -> the integration module registering its adapters. Filled
+# by register_lazy_integration() (trackpoint.integrations registers the built-in ones), so this
+# layer never names a module above it.
+_lazy_integrations: dict[str, str] = {}
 _loaded_integrations: set[str] = set()
 # Structure adapters: (claims, factory), asked in order when no type adapter exists. An
 # integration listed here is imported once its framework module is in sys.modules (it is never
 # imported by us), so e.g. a dict of jax arrays is claimed before anything wraps it.
 _structure_adapters: list[tuple[Callable[[Any], bool], AdapterFactory]] = []
-_lazy_structure_integrations: dict[str, str] = {"jax": "trackpoint.integrations.jax"}
+_lazy_structure_integrations: dict[str, str] = {}
 
 
 def register_adapter(type_: type, factory: AdapterFactory) -> None:
@@ -86,11 +83,16 @@ def register_adapter(type_: type, factory: AdapterFactory) -> None:
     _factories[type_] = factory
 
 
-def register_lazy_integration(module_prefix: str, integration_module: str) -> None:
+def register_lazy_integration(
+    module_prefix: str, integration_module: str, *, structures: bool = False
+) -> None:
     """Import ``integration_module`` when a value of a class from ``module_prefix`` is seen.
 
     ``register_lazy_integration("mylib", "mylib_trackpoint")`` imports ``mylib_trackpoint``
     (which calls :func:`register_adapter`) the first time a ``mylib.*`` object is tracked.
+    With ``structures=True`` the integration is also imported as soon as ``module_prefix`` is
+    in ``sys.modules`` and a plain container is tracked, so it can claim containers of its
+    values (JAX pytrees) before they are wrapped.
 
     Raises:
         InvalidArgumentError: an empty prefix or a non-str module name.
@@ -104,6 +106,8 @@ def register_lazy_integration(module_prefix: str, integration_module: str) -> No
             f"register_lazy_integration() needs a module name, got {integration_module!r}"
         )
     _lazy_integrations[module_prefix] = integration_module
+    if structures:
+        _lazy_structure_integrations[module_prefix] = integration_module
 
 
 def _integration_for(klass: type) -> str | None:

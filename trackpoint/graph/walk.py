@@ -23,11 +23,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trackpoint._types import PathLike, fspath
-from trackpoint.bundle.checkpoint_reader import OBJECT_GRAPH_PROTO_KEY, CheckpointReader
+from google.protobuf.message import DecodeError
+
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.bundle.table import encode_varint
-from trackpoint.errors import InvalidArgumentError, NotFoundError
+from trackpoint.errors import DataLossError, InvalidArgumentError
+from trackpoint.graph.keys import (
+    OBJECT_ATTRIBUTES_NAME,
+    OBJECT_GRAPH_KEY,
+    escape_local_name,
+    slot_variable_key,
+)
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import NotTrackable, Trackable, TrackableReference
 from trackpoint.tracking.base import has_values as has_values_of
@@ -36,49 +42,23 @@ from trackpoint.tracking.slots import SlotOwner
 from trackpoint.tracking.variable import Variable
 
 __all__ = [
-    "OBJECT_ATTRIBUTES_NAME",
-    "OBJECT_GRAPH_PROTO_KEY",
-    "OPTIMIZER_SLOTS_NAME",
     "ObjectGraphView",
     "SerializedGraph",
     "TensorsByTrackable",
-    "checkpoint_key",
-    "escape_local_name",
     "list_objects",
     "node_names",
-    "object_metadata",
     "object_path_to_string",
-    "slot_variable_key",
+    "parse_object_graph",
+    "readable_path",
+    "serialize_graph",
 ]
 
-_ESCAPE = "."
-OBJECT_ATTRIBUTES_NAME = ".ATTRIBUTES"
-OPTIMIZER_SLOTS_NAME = ".OPTIMIZER_SLOT"
-
 _Proto = TrackableObjectGraph.TrackableObject
-
-
-def escape_local_name(name: str) -> str:
-    """Escape a local name for use in a key: ``.`` → ``..`` first, then ``/`` → ``.S``."""
-    return name.replace(_ESCAPE, _ESCAPE + _ESCAPE).replace("/", _ESCAPE + "S")
 
 
 def object_path_to_string(path: Sequence[TrackableReference]) -> str:
     """The object path of a node: escaped local names from the root joined by ``/``."""
     return "/".join(escape_local_name(ref.name) for ref in path)
-
-
-def checkpoint_key(object_path: str, value_name: str) -> str:
-    """``<object path>/.ATTRIBUTES/<escaped value name>`` (the root's path is empty)."""
-    return f"{object_path}/{OBJECT_ATTRIBUTES_NAME}/{escape_local_name(value_name)}"
-
-
-def slot_variable_key(variable_path: str, optimizer_path: str, slot_name: str) -> str:
-    """The object path of a slot variable (its value key adds ``/.ATTRIBUTES/VARIABLE_VALUE``)."""
-    return (
-        f"{variable_path}/{OPTIMIZER_SLOTS_NAME}/{optimizer_path}/"
-        f"{escape_local_name(slot_name)}"
-    )
 
 
 def readable_path(path: Sequence[TrackableReference]) -> str:
@@ -460,7 +440,7 @@ def serialize_graph(
     graph = b"".join(
         _field(b"\x0a", body + _HAS_VALUES[flag]) for body, flag in zip(bodies, flags)
     )
-    tensors.add(None, {OBJECT_GRAPH_PROTO_KEY: string_scalar(graph)})
+    tensors.add(None, {OBJECT_GRAPH_KEY: string_scalar(graph)})
     return SerializedGraph(graph, tensors, registered, tuple(walk.objects))
 
 
@@ -508,22 +488,19 @@ def node_names(proto: TrackableObjectGraph) -> dict[int, str]:
     return names
 
 
-def object_metadata(prefix: PathLike) -> TrackableObjectGraph:
-    """The object graph stored in the checkpoint ``prefix``.
+def parse_object_graph(data: bytes, *, prefix: str = "") -> TrackableObjectGraph:
+    """The ``TrackableObjectGraph`` serialized in ``data`` (the value of ``OBJECT_GRAPH_KEY``).
 
     Raises:
-        NotFoundError: the checkpoint does not exist, or holds no object graph (a TF1
-            name-based checkpoint).
-        DataLossError: the graph is damaged.
+        DataLossError: the bytes do not parse (names ``prefix``, the checkpoint they came from).
     """
-    prefix = fspath(prefix)
-    with CheckpointReader(prefix) as reader:
-        proto = reader.object_graph()
-    if proto is None:
-        raise NotFoundError(
-            f"the checkpoint {prefix} has no object graph ({OBJECT_GRAPH_PROTO_KEY}); it was "
-            "written by a name-based saver, read its values by key instead",
+    graph = TrackableObjectGraph()
+    try:
+        graph.ParseFromString(data)
+    except DecodeError as exc:
+        raise DataLossError(
+            f"The object graph in {prefix} does not parse ({exc})",
             path=prefix,
-            key=OBJECT_GRAPH_PROTO_KEY,
-        )
-    return proto
+            key=OBJECT_GRAPH_KEY,
+        ) from exc
+    return graph

@@ -49,8 +49,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from trackpoint._metrics_records import ReadStats, WriteStats, WriteTiming
 from trackpoint.errors import InvalidArgumentError
+from trackpoint.metrics.records import ReadStats, WriteStats, WriteTiming
 
 __all__ = [
     "BYTES_BUCKETS",
@@ -460,7 +460,7 @@ class Registry:
         """
         import prometheus_client
 
-        from trackpoint._metrics_export import PrometheusCollector
+        from trackpoint.metrics.export import PrometheusCollector
 
         target = registry if registry is not None else prometheus_client.REGISTRY
         collector = self._exporter("prometheus", target, lambda: PrometheusCollector(self))
@@ -485,7 +485,7 @@ class Registry:
         """
         from opentelemetry import metrics as otel_metrics
 
-        from trackpoint._metrics_export import OpenTelemetryExporter
+        from trackpoint.metrics.export import OpenTelemetryExporter
 
         provider = meter_provider or otel_metrics.get_meter_provider()
 

@@ -22,14 +22,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trackpoint._gc import collector_paused
-from trackpoint.graph import ObjectGraphView, list_objects, node_names, readable_path
+from trackpoint.graph.keys import SAVE_COUNTER
+from trackpoint.graph.walk import ObjectGraphView, list_objects, node_names, readable_path
 from trackpoint.tracking.base import Trackable, has_values
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
-    from trackpoint.restore import RestoreCoordinator
+    from trackpoint.checkpoint.restore import RestoreCoordinator
     from trackpoint.saving import CheckpointOptions
 
 __all__ = ["CheckpointLoadStatus", "InitializationOnlyStatus", "LoadStatus"]
@@ -103,11 +104,11 @@ class CheckpointLoadStatus(LoadStatus):
         checkpoint has none."""
         proto = self._coordinator.proto
         saved = {child.local_name for child in proto.nodes[0].children} if proto.nodes else set()
-        if "save_counter" in saved:
+        if SAVE_COUNTER in saved:
             return set()
         return {
             id(ref.ref) for ref in self._view.list_children(self._view.root)
-            if ref.name == "save_counter"
+            if ref.name == SAVE_COUNTER
         }
 
     def _unbound_objects(self) -> list[Trackable]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trackpoint.metrics import Figure, LabelKey, Registry
+    from trackpoint.metrics.registry import Figure, LabelKey, Registry
 
 __all__ = ["OpenTelemetryExporter", "PrometheusCollector"]
 

@@ -9,22 +9,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from trackpoint._types import PathLike
 from trackpoint.bundle.dtypes import DataType
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.errors import DataLossError
+from trackpoint.graph.keys import OBJECT_GRAPH_KEY
+from trackpoint.graph.walk import parse_object_graph
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from trackpoint.storage.base import Storage
 
-__all__ = ["OBJECT_GRAPH_PROTO_KEY", "CheckpointReader"]
-
-OBJECT_GRAPH_PROTO_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+__all__ = ["CheckpointReader"]
 
 
 class CheckpointReader:
@@ -83,27 +82,18 @@ class CheckpointReader:
         Raises:
             DataLossError: the graph tensor is not a scalar string or does not parse.
         """
-        if not self._bundle.has_tensor(OBJECT_GRAPH_PROTO_KEY):
+        if not self._bundle.has_tensor(OBJECT_GRAPH_KEY):
             return None
         if (
-            self._bundle.datatype(OBJECT_GRAPH_PROTO_KEY) != DataType.DT_STRING
-            or self._bundle.shape(OBJECT_GRAPH_PROTO_KEY) != ()
+            self._bundle.datatype(OBJECT_GRAPH_KEY) != DataType.DT_STRING
+            or self._bundle.shape(OBJECT_GRAPH_KEY) != ()
         ):
             raise DataLossError(
-                f"{OBJECT_GRAPH_PROTO_KEY} in {self.prefix} is not a scalar string",
+                f"{OBJECT_GRAPH_KEY} in {self.prefix} is not a scalar string",
                 path=self.prefix,
-                key=OBJECT_GRAPH_PROTO_KEY,
+                key=OBJECT_GRAPH_KEY,
             )
-        graph = TrackableObjectGraph()
-        try:
-            graph.ParseFromString(self._bundle.read(OBJECT_GRAPH_PROTO_KEY)[()])
-        except DecodeError as exc:
-            raise DataLossError(
-                f"The object graph in {self.prefix} does not parse ({exc})",
-                path=self.prefix,
-                key=OBJECT_GRAPH_PROTO_KEY,
-            ) from exc
-        return graph
+        return parse_object_graph(self._bundle.read(OBJECT_GRAPH_KEY)[()], prefix=self.prefix)
 
     def close(self) -> None:
         self._bundle.close()

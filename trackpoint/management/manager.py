@@ -20,8 +20,12 @@ from typing import Any, Protocol
 
 from trackpoint._types import PathLike, fspath
 from trackpoint.errors import InvalidArgumentError
+from trackpoint.management.state_file import (
+    get_checkpoint_state,
+    remove_checkpoint,
+    write_checkpoint_state,
+)
 from trackpoint.saving.options import CheckpointOptions
-from trackpoint.state_file import get_checkpoint_state, remove_checkpoint, write_checkpoint_state
 
 __all__ = ["CheckpointManager"]
 

@@ -31,16 +31,17 @@ from typing import Any
 import numpy as np
 
 from trackpoint._types import PathLike, fspath
-from trackpoint.bundle.checkpoint_reader import OBJECT_GRAPH_PROTO_KEY, CheckpointReader
+from trackpoint.convert.key_map import KeyMap
+from trackpoint.convert.safetensors_format import read_safetensors, write_safetensors
 from trackpoint.errors import (
     DataLossError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
-from trackpoint.graph import ObjectGraphView, serialize_graph
-from trackpoint.integrations.key_map import ATTRIBUTES, KeyMap, split_checkpoint_key
-from trackpoint.integrations.safetensors_format import read_safetensors, write_safetensors
+from trackpoint.graph.keys import ATTRIBUTES, OBJECT_GRAPH_KEY, split_checkpoint_key
+from trackpoint.graph.walk import ObjectGraphView, serialize_graph
+from trackpoint.management.reader import CheckpointReader
 from trackpoint.saving import CheckpointOptions, MultiDeviceSaver, ProgressEvent
 from trackpoint.storage import storage_for
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
@@ -119,7 +120,7 @@ def _strip_root(key: str, root: str | None) -> str | None:
 
 @contextmanager
 def _read_checkpoint(path: str, root: str | None, keep_all: bool) -> Iterator[_Source]:
-    from trackpoint.checkpoint_utils import resolve_prefix
+    from trackpoint.management.paths import resolve_prefix
 
     source = _Source()
     with CheckpointReader(resolve_prefix(path)) as reader:
@@ -131,7 +132,7 @@ def _read_checkpoint(path: str, root: str | None, keep_all: bool) -> Iterator[_S
             relative = _strip_root(key, root)
             if relative is None:
                 source.skipped.append((key, f"outside root {root!r}"))
-            elif key == OBJECT_GRAPH_PROTO_KEY:
+            elif key == OBJECT_GRAPH_KEY:
                 source.skipped.append((key, "object graph (rebuilt for checkpoint targets)"))
             elif bundle.dtype(key) == np.dtype(object):
                 source.skipped.append((key, "string value (Python state)"))

@@ -30,8 +30,9 @@ import numpy as np
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.graph import escape_local_name, node_names
-from trackpoint.saving import CheckpointOptions, MultiDeviceSaver, local_name
+from trackpoint.graph.keys import escape_local_name, local_name
+from trackpoint.graph.walk import node_names
+from trackpoint.saving import CheckpointOptions, MultiDeviceSaver
 from trackpoint.saving.devices import DeviceValue
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, has_values, next_restore_uid
 from trackpoint.tracking.slots import SlotOwner

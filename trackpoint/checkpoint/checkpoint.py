@@ -4,8 +4,8 @@
 created ``save_counter`` (``<prefix>-<n>``) and keep the directory's ``checkpoint`` state file
 current (semantics §2, D1–D3). Values flow through :mod:`trackpoint.graph` (names, keys, the
 object graph) and :class:`~trackpoint.saving.MultiDeviceSaver` (files); restoring is the
-coordinator's job (:mod:`trackpoint.restore`), which returns a load status
-(:mod:`trackpoint.load_status`).
+coordinator's job (:mod:`trackpoint.checkpoint.restore`), which returns a load status
+(:mod:`trackpoint.checkpoint.load_status`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,21 @@ import numpy as np
 from trackpoint import metrics
 from trackpoint._gc import collector_paused
 from trackpoint._types import PathLike, fspath
-from trackpoint.bundle.checkpoint_reader import CheckpointReader
-from trackpoint.errors import InvalidArgumentError, NotFoundError
-from trackpoint.graph import OBJECT_GRAPH_PROTO_KEY, ObjectGraphView, serialize_graph
-from trackpoint.load_status import CheckpointLoadStatus, InitializationOnlyStatus, LoadStatus
-from trackpoint.restore import CheckpointPosition, RestoreCoordinator
+from trackpoint.checkpoint.load_status import (
+    CheckpointLoadStatus,
+    InitializationOnlyStatus,
+    LoadStatus,
+)
+from trackpoint.checkpoint.restore import CheckpointPosition, RestoreCoordinator
+from trackpoint.errors import InvalidArgumentError
+from trackpoint.graph.keys import OBJECT_GRAPH_KEY, SAVE_COUNTER
+from trackpoint.graph.walk import ObjectGraphView, serialize_graph
+from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.reader import CheckpointReader
+from trackpoint.management.state_file import (
+    checkpoint_directory,
+    write_checkpoint_state,
+)
 from trackpoint.saving import (
     AsyncWriter,
     CheckpointOptions,
@@ -34,13 +44,6 @@ from trackpoint.saving import (
     get_registered_saver_name,
     registered_savers,
 )
-from trackpoint.state_file import (
-    checkpoint_directory,
-    checkpoint_exists,
-    latest_checkpoint,
-    write_checkpoint_state,
-)
-from trackpoint.storage import Storage
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.autotrackable import AutoTrackable
 from trackpoint.tracking.base import Trackable, TrackableReference
@@ -48,7 +51,6 @@ from trackpoint.tracking.variable import Variable
 
 __all__ = ["Checkpoint"]
 
-_SAVE_COUNTER = "save_counter"
 
 
 def _as_trackable(value: Any, name: str) -> Trackable:
@@ -71,27 +73,6 @@ def _restored_event(prefix: str, seconds: float, sizes: dict[str, int]) -> Progr
     data = sum(shard_bytes)
     shards = len(shard_bytes)
     return ProgressEvent(prefix, "restored", shards, shards, data, data, stats=stats)
-
-
-def _resolve_prefix(path: str, storage: Storage | None = None) -> str:
-    """``path`` itself if it is a checkpoint, else the latest checkpoint of directory ``path``.
-
-    Raises:
-        NotFoundError: neither, with a hint at the ``-N`` suffix ``save()`` appends.
-    """
-    if checkpoint_exists(path, storage=storage):
-        return path
-    latest = latest_checkpoint(path, storage=storage)
-    if latest is not None:
-        return latest
-    raise NotFoundError(
-        f"Failed to restore from checkpoint {path}: {path}.index does not exist, and {path} is "
-        "not a directory whose 'checkpoint' state file names a checkpoint. Please double-check "
-        "that the path is correct. You may be missing the checkpoint suffix (e.g. the '-1' in "
-        "'path/to/ckpt-1'): save() returns the full prefix, and tp.latest_checkpoint(directory) "
-        "finds the newest one.",
-        path=path,
-    )
 
 
 class Checkpoint(AutoTrackable):
@@ -128,7 +109,7 @@ class Checkpoint(AutoTrackable):
             trackable_root = _as_trackable(strong_root, "root")
             attached = []
             children["root"] = root
-            existing_counter = trackable_root._lookup_dependency(_SAVE_COUNTER)
+            existing_counter = trackable_root._lookup_dependency(SAVE_COUNTER)
             if isinstance(existing_counter, Variable):
                 object.__setattr__(self, "_self_save_counter", existing_counter)
         for name, value in sorted(children.items()):
@@ -195,14 +176,14 @@ class Checkpoint(AutoTrackable):
             return
         view: ObjectGraphView = self._self_view
         if view.root is self:
-            counter = self._add_variable(_SAVE_COUNTER, 0, dtype=np.int64)
+            counter = self._add_variable(SAVE_COUNTER, 0, dtype=np.int64)
         else:
             root = view.root
-            spec = root._preload_spec(_SAVE_COUNTER)
+            spec = root._preload_spec(SAVE_COUNTER)
             shape = spec[0] if spec is not None else ()
-            counter = Variable(np.zeros(shape, dtype=np.int64), name=_SAVE_COUNTER)
-            view.attached_dependencies.append(TrackableReference(_SAVE_COUNTER, counter))
-            pending = root._deferred_dependencies.pop(_SAVE_COUNTER, ())
+            counter = Variable(np.zeros(shape, dtype=np.int64), name=SAVE_COUNTER)
+            view.attached_dependencies.append(TrackableReference(SAVE_COUNTER, counter))
+            pending = root._deferred_dependencies.pop(SAVE_COUNTER, ())
             for position in sorted(pending, key=lambda p: p.restore_uid, reverse=True):
                 position.restore(counter)
         object.__setattr__(self, "_self_save_counter", counter)
@@ -315,14 +296,14 @@ class Checkpoint(AutoTrackable):
 
     def _read(self, path: str, options: CheckpointOptions) -> CheckpointLoadStatus:
         started = time.perf_counter()
-        prefix = _resolve_prefix(path, options.storage)
+        prefix = resolve_prefix(path, storage=options.storage)
         with CheckpointReader(prefix, storage=options.storage) as reader:
             proto = reader.object_graph()
             # Only a progress callback needs the file sizes (a stat per file).
             sizes = reader.bundle.file_sizes() if options.progress is not None else None
         if proto is None or not proto.nodes:
             raise InvalidArgumentError(
-                f"the checkpoint {prefix} has no object graph ({OBJECT_GRAPH_PROTO_KEY}): it "
+                f"the checkpoint {prefix} has no object graph ({OBJECT_GRAPH_KEY}): it "
                 "was written by a name-based saver. Read its values by key with "
                 "tp.load_checkpoint() instead.",
                 path=prefix,

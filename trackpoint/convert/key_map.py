@@ -33,40 +33,10 @@ import numpy as np
 from trackpoint._types import PathLike, fspath
 from trackpoint.errors import InvalidArgumentError
 
-__all__ = ["ATTRIBUTES", "KeyMap", "MapRule", "split_checkpoint_key", "unescape_local_name"]
+__all__ = ["KeyMap", "MapRule"]
 
-ATTRIBUTES = "/.ATTRIBUTES/"
 _SECTIONS = frozenset({"rename", "rules", "drop", "unmapped"})
 _UNMAPPED = ("keep", "drop", "error")
-
-
-def unescape_local_name(escaped: str) -> str:
-    """Undo the key escaping of a local name: ``..`` → ``.``, ``.S`` → ``/`` (format §9.3)."""
-    out = []
-    i = 0
-    while i < len(escaped):
-        pair = escaped[i : i + 2]
-        if pair == "..":
-            out.append(".")
-            i += 2
-        elif pair == ".S":
-            out.append("/")
-            i += 2
-        else:
-            out.append(escaped[i])
-            i += 1
-    return "".join(out)
-
-
-def split_checkpoint_key(key: str) -> tuple[tuple[str, ...], str] | None:
-    """``(local names, attribute name)`` of ``<path>/.ATTRIBUTES/<name>``, unescaped; None for
-    keys without the attributes segment (TF1 names, the object graph)."""
-    index = key.find(ATTRIBUTES)
-    if index < 0:
-        return None
-    path = key[:index]
-    parts = tuple(unescape_local_name(p) for p in path.split("/")) if path else ()
-    return parts, unescape_local_name(key[index + len(ATTRIBUTES) :])
 
 
 Transpose = tuple[int, ...] | bool | None

@@ -1,0 +1,73 @@
+"""The one path resolver: from what a user passes to the checkpoint prefix it names.
+
+Every caller (``Checkpoint.read``/``restore``, ``load_checkpoint`` and friends, ``tp.jax.restore``,
+the distributed layer, the CLI) goes through :func:`resolve_prefix`, so a path that works in one
+place works everywhere, and a path that does not gets the same message everywhere.
+"""
+
+from __future__ import annotations
+
+from trackpoint._types import PathLike, fspath
+from trackpoint.errors import InvalidArgumentError, NotFoundError
+from trackpoint.management.state_file import checkpoint_exists, latest_checkpoint
+from trackpoint.storage import Storage, storage_for
+
+__all__ = ["resolve_prefix"]
+
+# Files of other formats a user may hand us by mistake: name the format and the way out.
+_FOREIGN_FORMATS = {
+    ".pt": "a PyTorch file",
+    ".pth": "a PyTorch file",
+    ".bin": "a PyTorch file",
+    ".ckpt": "a PyTorch Lightning file",
+    ".safetensors": "a safetensors file",
+}
+
+
+def resolve_prefix(path: PathLike, *, storage: Storage | None = None) -> str:
+    """The checkpoint prefix ``path`` names.
+
+    Accepted: a prefix (``dir/ckpt-3``), one of its files (``dir/ckpt-3.index``,
+    ``dir/ckpt-3.data-00000-of-00001``), a directory (its latest checkpoint, through the
+    ``checkpoint`` state file), or a URL of any of these.
+
+    Raises:
+        NotFoundError: nothing committed at ``path``; the message hints at the ``-N`` suffix
+            ``save()`` adds, or says the directory has no committed checkpoint.
+        InvalidArgumentError: ``path`` is a file of another format (torch, safetensors); the
+            message names ``trackpoint convert``.
+    """
+    path = fspath(path)
+    if checkpoint_exists(path, storage=storage):
+        return path
+    # A file of the checkpoint given instead of its prefix: ckpt-1.index, ckpt-1.data-00000-of-…
+    for marker in (".index", ".data-"):
+        head, sep, _ = path.rpartition(marker)
+        if sep and head and checkpoint_exists(head, storage=storage):
+            return head
+    store = storage if storage is not None else storage_for(path)
+    if store.exists(path) and not store.exists(path + ".index"):
+        for suffix, what in _FOREIGN_FORMATS.items():
+            if path.endswith(suffix):
+                raise InvalidArgumentError(
+                    f"{path} is {what}, not a TensorFlow checkpoint. Convert it first: "
+                    f"`trackpoint convert {path} OUT_PREFIX` writes a checkpoint trackpoint "
+                    "and TensorFlow can read.",
+                    path=path,
+                )
+        latest = latest_checkpoint(path, storage=storage)
+        if latest is not None:
+            return latest
+        raise NotFoundError(
+            f"{path} is a directory without a committed checkpoint: its `checkpoint` state file "
+            "is missing or names no existing checkpoint. Pass a checkpoint prefix such as "
+            f"{path}/ckpt-1 instead.",
+            path=path,
+        )
+    raise NotFoundError(
+        f"Failed to find any matching files for {path}: there is no {path}.index. Checkpoints "
+        "written by save() carry a number suffix (e.g. ckpt-1); pass that prefix, the value "
+        "save() returned, or the directory to use its latest checkpoint "
+        "(tp.latest_checkpoint(directory) finds the newest one).",
+        path=path,
+    )
