@@ -23,10 +23,14 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check trackpoint tests bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	TRACKPOINT_REQUIRE_TENSORFLOW=1 $(PY) -m pytest -q
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check trackpoint tests bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # Regenerate the protobuf modules from trackpoint/bundle/protos/*.proto.
 protos: $(VENV)/.installed-dev

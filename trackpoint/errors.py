@@ -6,7 +6,9 @@ Everything trackpoint raises on purpose is a :class:`CheckpointError`::
     ├── NotFoundError          (also FileNotFoundError)  a checkpoint, file or key is missing
     ├── DataLossError          (also OSError)            bytes on disk are damaged or truncated
     ├── InvalidArgumentError   (also ValueError)         bad input: dtype, shape, name, option
-    └── FailedPreconditionError                          an operation called in the wrong state
+    ├── FailedPreconditionError (also RuntimeError)      an operation called in the wrong state
+    │   └── StagingAborted                               an async save's staging was stopped
+    └── CollectiveError                                  ranks of a distributed job lost each other
 
 Each error carries the ``path`` and ``key`` it is about (``None`` when not applicable), so
 callers can react without parsing messages. Messages say what happened, where, and what to do.
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "CollectiveError",
     "DataLossError",
     "FailedPreconditionError",
     "InvalidArgumentError",
     "NotFoundError",
+    "StagingAborted",
 ]
 
 
@@ -50,3 +54,19 @@ class InvalidArgumentError(CheckpointError, ValueError):
 
 class FailedPreconditionError(CheckpointError, RuntimeError):
     """An operation was called in a state that does not allow it (e.g. a writer finished twice)."""
+
+
+class StagingAborted(FailedPreconditionError):
+    """The other side of an async save's staging stopped (the write failed, or copying did).
+
+    Raised inside trackpoint's saving layer, between the thread copying values into the staging
+    buffer and the thread writing them; the save then reports the error that stopped it.
+    """
+
+
+class CollectiveError(CheckpointError):
+    """An exchange between the ranks of a distributed job failed.
+
+    A rank died, or did not take part in time (``timeout``); the other ranks raise this instead
+    of waiting forever.
+    """

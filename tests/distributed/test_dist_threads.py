@@ -293,7 +293,7 @@ def test_restore_with_coalesced_reads_makes_one_request_per_file(tmp_path: Path)
 def test_checkpoint_manager_on_every_rank_agrees_and_only_the_coordinator_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trackpoint.management as management
+    import trackpoint.management.manager as management
 
     rank_of: dict[int, int] = {}  # id(manager) -> rank
     calls: list[tuple[Any, ...]] = []

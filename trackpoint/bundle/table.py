@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 
 from trackpoint.bundle.crc import crc32c, extend, mask, unmask
-from trackpoint.errors import DataLossError, InvalidArgumentError
+from trackpoint.errors import DataLossError, FailedPreconditionError, InvalidArgumentError
 
 __all__ = [
     "BLOCK_SIZE",
@@ -176,9 +176,16 @@ class TableBuilder:
         self._finished = False
 
     def add(self, key: bytes, value: bytes) -> None:
-        """Append one entry (step numbers refer to §3.5)."""
+        """Append one entry (step numbers refer to §3.5).
+
+        Raises:
+            FailedPreconditionError: :meth:`finish` was called already.
+            InvalidArgumentError: ``key`` does not sort after the previous key.
+        """
         if self._finished:
-            raise RuntimeError("TableBuilder.add after finish")
+            raise FailedPreconditionError(
+                f"TableBuilder.add({key!r}) after finish: the table is complete; start a new one"
+            )
         if self._last_key is not None and key <= self._last_key:
             raise InvalidArgumentError(
                 f"table keys must be strictly increasing: {key!r} after {self._last_key!r}"
@@ -211,9 +218,15 @@ class TableBuilder:
         return handle
 
     def finish(self) -> bytes:
-        """Flush, write the metaindex, index block and footer; return the whole file."""
+        """Flush, write the metaindex, index block and footer; return the whole file.
+
+        Raises:
+            FailedPreconditionError: called twice.
+        """
         if self._finished:
-            raise RuntimeError("TableBuilder.finish called twice")
+            raise FailedPreconditionError(
+                "TableBuilder.finish called twice: the table was returned by the first call"
+            )
         self._finished = True
         self._flush()
         metaindex = self._write_block(_BlockBuilder(RESTART_INTERVAL).finish())

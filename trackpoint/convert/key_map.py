@@ -68,7 +68,7 @@ def _transposed(name: str, array: Any, transpose: Transpose) -> Any:
     if not transpose:
         return array
     array = np.asarray(array)
-    if transpose is True:
+    if isinstance(transpose, bool):  # True: False returned above
         return array.transpose()
     if len(transpose) != array.ndim:
         raise InvalidArgumentError(

@@ -25,13 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trackpoint.errors import CheckpointError
+from trackpoint.errors import CollectiveError, FailedPreconditionError
 
 __all__ = ["Collective", "CollectiveError", "LocalCollective", "ThreadGroup", "TorchCollective"]
-
-
-class CollectiveError(CheckpointError):
-    """An exchange between the ranks failed: a rank died, or did not take part in time."""
 
 
 def _encode(message: Any) -> bytes:
@@ -155,17 +151,17 @@ class TorchCollective(Collective):
         timeout: seconds to wait for the other ranks in one exchange.
 
     Raises:
-        CheckpointError: torch.distributed is not initialized, or gloo is unavailable.
+        FailedPreconditionError: torch.distributed is not initialized, or gloo is unavailable.
     """
 
     def __init__(self, group: Any = None, *, timeout: float = 1800.0) -> None:
         if not dist.is_available() or not dist.is_initialized():
-            raise CheckpointError(
+            raise FailedPreconditionError(
                 "torch.distributed is not initialized: call torch.distributed.init_process_group "
                 "first (torchrun sets the environment), or save without a group"
             )
         if not dist.is_gloo_available():
-            raise CheckpointError("trackpoint.distributed needs the gloo backend of torch")
+            raise FailedPreconditionError("trackpoint.distributed needs the gloo backend of torch")
         self.timeout = float(timeout)
         if group is not None and dist.get_backend(group) == "gloo":
             self._group = group

@@ -14,7 +14,7 @@ from trackpoint._types import PathLike
 from trackpoint.bundle.dtypes import DataType
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.bundle.reader import BundleReader
-from trackpoint.errors import DataLossError
+from trackpoint.errors import DataLossError, InvalidArgumentError
 from trackpoint.graph.keys import OBJECT_GRAPH_KEY
 from trackpoint.graph.walk import parse_object_graph
 
@@ -24,6 +24,16 @@ if TYPE_CHECKING:
     from trackpoint.storage.base import Storage
 
 __all__ = ["CheckpointReader"]
+
+
+def _check_key(key: object) -> str:
+    """``key`` if it is a str; checkpoint keys are text (``name/.ATTRIBUTES/VARIABLE_VALUE``)."""
+    if not isinstance(key, str):
+        raise InvalidArgumentError(
+            f"key must be a str checkpoint key such as 'w/.ATTRIBUTES/VARIABLE_VALUE', got "
+            f"{type(key).__name__}: {key!r:.80}"
+        )
+    return key
 
 
 class CheckpointReader:
@@ -57,7 +67,12 @@ class CheckpointReader:
         return self._bundle.keys()
 
     def has_tensor(self, key: str) -> bool:
-        return self._bundle.has_tensor(key)
+        """Whether the checkpoint holds a tensor under ``key``.
+
+        Raises:
+            InvalidArgumentError: ``key`` is not a str.
+        """
+        return self._bundle.has_tensor(_check_key(key))
 
     def get_tensor(self, key: str) -> np.ndarray:
         """A new array holding tensor ``key`` (strings: object array of bytes).
@@ -65,8 +80,9 @@ class CheckpointReader:
         Raises:
             NotFoundError: no such key, or a data file is missing.
             DataLossError: the stored bytes are damaged.
+            InvalidArgumentError: ``key`` is not a str.
         """
-        return self._bundle.read(key)
+        return self._bundle.read(_check_key(key))
 
     def get_variable_to_shape_map(self) -> dict[str, list[int]]:
         """``{checkpoint key: shape as a list}``, as TensorFlow returns it."""
@@ -93,7 +109,8 @@ class CheckpointReader:
                 path=self.prefix,
                 key=OBJECT_GRAPH_KEY,
             )
-        return parse_object_graph(self._bundle.read(OBJECT_GRAPH_KEY)[()], prefix=self.prefix)
+        # A scalar string: .item() is the bytes object itself.
+        return parse_object_graph(self._bundle.read(OBJECT_GRAPH_KEY).item(), prefix=self.prefix)
 
     def close(self) -> None:
         self._bundle.close()

@@ -84,7 +84,7 @@ def write_checkpoint_state(
     Raises:
         InvalidArgumentError: a checkpoint prefix collides with the state file's own path.
     """
-    directory = fspath(directory)
+    directory = fspath(directory, argument="directory")
     storage = storage or storage_for(directory)
     state_path = _join(directory, STATE_FILENAME)
     paths = list(all_model_checkpoint_paths or [])
@@ -120,7 +120,7 @@ def get_checkpoint_state(
     Raises:
         InvalidArgumentError: the file parses but names no checkpoint (e.g. it is empty).
     """
-    directory = fspath(directory)
+    directory = fspath(directory, argument="directory")
     storage = storage or storage_for(directory)
     state_path = _join(directory, STATE_FILENAME)
     try:
@@ -159,7 +159,7 @@ def latest_checkpoint(directory: PathLike, *, storage: Storage | None = None) ->
     Never names an incomplete checkpoint: the state file is written only after the commit, and
     a prefix whose ``.index`` is missing is reported (logged) and ignored.
     """
-    directory = fspath(directory)
+    directory = fspath(directory, argument="directory")
     try:
         state = get_checkpoint_state(directory, storage=storage)
     except CheckpointError:

@@ -1,21 +1,22 @@
 """Counters and duration histograms trackpoint records, and their exporters.
 
-``tp.metrics.snapshot()`` and ``tp.metrics.reset()`` are the user's side (DESIGN.md); layers
-record through the module-level functions of :mod:`trackpoint.metrics.registry`, re-exported
-here. docs/metrics.md lists the figures.
+The user's side (DESIGN.md): ``tp.metrics.snapshot()`` and ``tp.metrics.reset()``, the figure
+names to read a snapshot by, the exporters, and the ``WriteStats`` / ``ReadStats`` records that
+ride on progress events. ``REGISTRY`` (a :class:`Registry`) is the registry trackpoint records
+into; its ``add_listener`` takes a :data:`Listener` for other monitoring systems. trackpoint's
+layers record through :mod:`trackpoint.metrics.registry` (``begin_write``, ``record_write``,
+``increment``, ...), which is not part of this API. docs/metrics.md lists the figures.
 """
 
 from __future__ import annotations
 
-from trackpoint.metrics.records import ReadStats, WriteStats, WriteTiming
-from trackpoint.metrics.registry import (
+from trackpoint.metrics.figures import (
     BYTES_BUCKETS,
     BYTES_READ,
     BYTES_WRITTEN,
     CHECKPOINT_SIZE,
     CHECKSUM_FAILURES,
     READ_DURATION,
-    REGISTRY,
     SECONDS_BUCKETS,
     SHARDING_POLICY_DURATION,
     SHARDS_WRITTEN,
@@ -24,32 +25,33 @@ from trackpoint.metrics.registry import (
     Figure,
     LabelKey,
     Listener,
+)
+from trackpoint.metrics.records import ReadStats, WriteStats
+from trackpoint.metrics.registry import (
+    REGISTRY,
     Registry,
-    begin_write,
-    end_blocking,
-    increment,
-    record_duration,
-    record_write,
     register_opentelemetry,
     register_prometheus,
     reset,
-    set_gauge,
     snapshot,
-    timed,
 )
 
-# The user's API; the other names are for trackpoint's layers and exporters.
 __all__ = [
+    "BYTES_BUCKETS",
     "BYTES_READ",
     "BYTES_WRITTEN",
     "CHECKPOINT_SIZE",
     "CHECKSUM_FAILURES",
     "READ_DURATION",
     "REGISTRY",
+    "SECONDS_BUCKETS",
     "SHARDING_POLICY_DURATION",
     "SHARDS_WRITTEN",
     "TRAINING_TIME_BETWEEN_WRITES",
     "WRITE_DURATION",
+    "Figure",
+    "LabelKey",
+    "Listener",
     "ReadStats",
     "Registry",
     "WriteStats",
@@ -58,9 +60,3 @@ __all__ = [
     "reset",
     "snapshot",
 ]
-
-# Re-exported for the layers that record (not part of __all__).
-_LAYER_NAMES = (
-    BYTES_BUCKETS, SECONDS_BUCKETS, Figure, LabelKey, Listener, WriteTiming, begin_write,
-    end_blocking, increment, record_duration, record_write, set_gauge, timed,
-)

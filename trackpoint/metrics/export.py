@@ -1,7 +1,9 @@
 """Exporters for :mod:`trackpoint.metrics`: a Prometheus collector, OpenTelemetry instruments.
 
-Private to ``trackpoint.metrics``, which imports this module only when an exporter is
+Private to ``trackpoint.metrics``, whose registry imports this module only when an exporter is
 registered, so ``import trackpoint`` never loads ``prometheus_client`` or ``opentelemetry``.
+The exporters see a registry through :class:`FigureSource` (what they read), so this module
+depends on the figures' declarations only, never on the registry module.
 
 The two libraries want opposite shapes: Prometheus pulls (a custom collector reads the registry's
 aggregates at each scrape, so nothing recorded before registration is lost), OpenTelemetry is
@@ -13,12 +15,30 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trackpoint.metrics.figures import Figure, LabelKey, Listener
 
 if TYPE_CHECKING:
-    from trackpoint.metrics.registry import Figure, LabelKey, Registry
+    from opentelemetry.metrics import Meter
 
-__all__ = ["OpenTelemetryExporter", "PrometheusCollector"]
+__all__ = ["FigureSource", "OpenTelemetryExporter", "PrometheusCollector"]
+
+
+class FigureSource(Protocol):
+    """What an exporter reads from a :class:`~trackpoint.metrics.registry.Registry`."""
+
+    def figures(self) -> tuple[Figure, ...]:
+        """Every declared figure."""
+        ...
+
+    def snapshot(self) -> dict[str, dict[LabelKey, Any]]:
+        """A copy of every figure's values."""
+        ...
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop calling ``listener``."""
+        ...
 
 
 def _label_values(figure: Figure, key: LabelKey) -> list[str]:
@@ -29,7 +49,7 @@ def _label_values(figure: Figure, key: LabelKey) -> list[str]:
 class PrometheusCollector:
     """A ``prometheus_client`` custom collector reading a :class:`Registry` on each scrape."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: FigureSource) -> None:
         self._registry = registry
 
     def describe(self) -> Iterator[Any]:
@@ -71,7 +91,7 @@ class OpenTelemetryExporter:
     attributes. Thread-safe.
     """
 
-    def __init__(self, registry: Registry, meter: Any) -> None:
+    def __init__(self, registry: FigureSource, meter: Meter) -> None:
         self._registry = registry
         self.meter = meter
         self._lock = threading.Lock()

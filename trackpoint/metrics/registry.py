@@ -31,10 +31,10 @@ each save and restore (``CheckpointOptions.progress``), so a training loop can l
 
 Example::
 
-    from trackpoint import metrics
-    with metrics.timed(metrics.READ_DURATION):
+    from trackpoint.metrics import registry
+    with registry.timed(registry.READ_DURATION):
         ...
-    metrics.snapshot()[metrics.READ_DURATION][()]["count"]   # -> 1
+    registry.snapshot()[registry.READ_DURATION][()]["count"]   # -> 1
 """
 
 from __future__ import annotations
@@ -44,13 +44,36 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trackpoint.errors import InvalidArgumentError
+from trackpoint.metrics.figures import (
+    BYTES_BUCKETS,
+    BYTES_READ,
+    BYTES_WRITTEN,
+    CHECKPOINT_SIZE,
+    CHECKSUM_FAILURES,
+    DEFAULT_FIGURES,
+    KINDS,
+    READ_DURATION,
+    SECONDS_BUCKETS,
+    SHARDING_POLICY_DURATION,
+    SHARDS_WRITTEN,
+    TRAINING_TIME_BETWEEN_WRITES,
+    WRITE_DURATION,
+    Figure,
+    LabelKey,
+    Listener,
+)
 from trackpoint.metrics.records import ReadStats, WriteStats, WriteTiming
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from prometheus_client import CollectorRegistry
+
+    from trackpoint.metrics.export import OpenTelemetryExporter, PrometheusCollector
 
 __all__ = [
     "BYTES_BUCKETS",
@@ -85,51 +108,9 @@ __all__ = [
     "timed",
 ]
 
-WRITE_DURATION = "trackpoint_write_duration_seconds"
-READ_DURATION = "trackpoint_read_duration_seconds"
-TRAINING_TIME_BETWEEN_WRITES = "trackpoint_training_time_between_writes_seconds"
-CHECKPOINT_SIZE = "trackpoint_checkpoint_size_bytes"
-SHARDING_POLICY_DURATION = "trackpoint_sharding_policy_duration_seconds"
-SHARDS_WRITTEN = "trackpoint_shards_written_total"
-BYTES_WRITTEN = "trackpoint_bytes_written_total"
-BYTES_READ = "trackpoint_bytes_read_total"
-CHECKSUM_FAILURES = "trackpoint_checksum_failures_total"
-
-# Upper bounds (inclusive); an implicit +inf bucket follows. Saves range from milliseconds
-# (tests) to an hour (multi-TB models); sizes from KiB to TiB in powers of four.
-SECONDS_BUCKETS: tuple[float, ...] = (
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    120.0, 300.0, 600.0, 1800.0, 3600.0,
-)  # fmt: skip
-BYTES_BUCKETS: tuple[float, ...] = tuple(float(1024 * 4**i) for i in range(16))
-
 logger = logging.getLogger(__name__)
 
-LabelKey = tuple[tuple[str, str], ...]
-"""A label set as sorted ``(name, value)`` pairs; ``()`` for a figure without labels."""
-
-_KINDS = ("counter", "gauge", "histogram")
-
-
-@dataclass(frozen=True, slots=True)
-class Figure:
-    """The declaration of one figure.
-
-    Attributes:
-        name: the stable name, Prometheus style (``_total``, ``_seconds``, ``_bytes``).
-        kind: ``"counter"``, ``"gauge"`` or ``"histogram"``.
-        description: one line for exporters' help text.
-        unit: ``"s"``, ``"By"`` or ``""`` (UCUM, as OpenTelemetry wants).
-        labels: the label names every recording must give, no more, no fewer.
-        buckets: a histogram's inclusive upper bounds, ascending; empty for other kinds.
-    """
-
-    name: str
-    kind: str
-    description: str
-    unit: str = ""
-    labels: tuple[str, ...] = ()
-    buckets: tuple[float, ...] = ()
+_E = TypeVar("_E")
 
 
 class _Histogram:
@@ -168,27 +149,6 @@ class _Histogram:
         }
 
 
-_DEFAULT_FIGURES = (
-    Figure(WRITE_DURATION, "histogram", "Time to write one checkpoint", "s",
-           ("mode", "phase"), SECONDS_BUCKETS),
-    Figure(READ_DURATION, "histogram", "Time to read one checkpoint", "s", (), SECONDS_BUCKETS),
-    Figure(TRAINING_TIME_BETWEEN_WRITES, "histogram",
-           "Time from the end of one checkpoint write to the start of the next", "s", (),
-           SECONDS_BUCKETS),
-    Figure(CHECKPOINT_SIZE, "histogram", "Size of one checkpoint", "By", (), BYTES_BUCKETS),
-    Figure(SHARDING_POLICY_DURATION, "histogram", "Time a sharding policy took", "s",
-           ("policy",), SECONDS_BUCKETS),
-    Figure(SHARDS_WRITTEN, "counter", "Data files written"),
-    Figure(BYTES_WRITTEN, "counter", "Bytes written to storage", "By"),
-    Figure(BYTES_READ, "counter", "Bytes read from storage", "By"),
-    Figure(CHECKSUM_FAILURES, "counter", "crc32c mismatches found while reading"),
-)  # fmt: skip
-
-
-Listener = Callable[[Figure, float, LabelKey], None]
-"""Called after each recording with the figure, the value (a counter's increment, a histogram's
-observation, a gauge's new value) and the label set; see :meth:`Registry.add_listener`."""
-
 _Recording = tuple[Figure, float, LabelKey]
 
 
@@ -203,13 +163,13 @@ class Registry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._figures: dict[str, Figure] = {f.name: f for f in _DEFAULT_FIGURES}
+        self._figures: dict[str, Figure] = {f.name: f for f in DEFAULT_FIGURES}
         self._values: dict[str, dict[LabelKey, Any]] = {name: {} for name in self._figures}
         # perf_counter() when the last write's blocking part ended: the training clock.
         self._last_write_end: float | None = None
         self._listeners: list[Listener] = []
-        # (kind, target, exporter): targets are held (and compared) by identity, not by id().
-        self._exporters: list[tuple[str, object, object]] = []
+        # (target, exporter): targets are held (and compared) by identity, not by id().
+        self._exporters: list[tuple[object, object]] = []
 
     # -- declarations ---------------------------------------------------------------------
     def declare(self, figure: Figure) -> None:
@@ -219,8 +179,8 @@ class Registry:
             InvalidArgumentError: the name exists with a different declaration, or the kind
                 is unknown.
         """
-        if figure.kind not in _KINDS:
-            raise InvalidArgumentError(f"figure {figure.name}: kind must be one of {_KINDS}")
+        if figure.kind not in KINDS:
+            raise InvalidArgumentError(f"figure {figure.name}: kind must be one of {KINDS}")
         if figure.kind == "histogram" and list(figure.buckets) != sorted(set(figure.buckets)):
             raise InvalidArgumentError(f"figure {figure.name}: buckets must ascend strictly")
         with self._lock:
@@ -399,7 +359,7 @@ class Registry:
         with self._lock:
             self._listeners = [x for x in self._listeners if x is not listener]
 
-    def _notify(self, recordings: Any) -> None:
+    def _notify(self, recordings: Iterable[_Recording]) -> None:
         for listener in self._listeners:  # replaced, never mutated: safe without the lock
             for recording in recordings:
                 self._call(listener, recording)
@@ -435,20 +395,25 @@ class Registry:
             self._last_write_end = None
 
     # -- exporters ------------------------------------------------------------------------
-    def _exporter(self, kind: str, target: object, create: Callable[[], object]) -> object:
-        """The exporter of ``kind`` for ``target``, created (once) by ``create``.
+    def _exporter(
+        self, kind: type[_E], target: object, create: Callable[[], _E]
+    ) -> tuple[_E, bool]:
+        """The exporter of class ``kind`` for ``target``, created (once) by ``create``.
 
         ``create`` runs under the lock, so it must not record (exporters only store things).
+
+        Returns:
+            The exporter, and whether this call created it.
         """
         with self._lock:
-            for k, t, exporter in self._exporters:
-                if k == kind and t is target:
-                    return exporter
-            exporter = create()
-            self._exporters.append((kind, target, exporter))
-        return exporter
+            for t, exporter in self._exporters:
+                if isinstance(exporter, kind) and t is target:
+                    return exporter, False
+            created = create()
+            self._exporters.append((target, created))
+        return created, True
 
-    def register_prometheus(self, registry: Any = None) -> Any:
+    def register_prometheus(self, registry: CollectorRegistry | None = None) -> PrometheusCollector:
         """Expose these figures to ``prometheus_client`` (default: its global ``REGISTRY``).
 
         The collector reads this registry at each scrape, so values recorded before the call
@@ -463,14 +428,18 @@ class Registry:
         from trackpoint.metrics.export import PrometheusCollector
 
         target = registry if registry is not None else prometheus_client.REGISTRY
-        collector = self._exporter("prometheus", target, lambda: PrometheusCollector(self))
+        collector, _ = self._exporter(
+            PrometheusCollector, target, lambda: PrometheusCollector(self)
+        )
         try:
             target.register(collector)
         except ValueError:  # registered already (prometheus_client refuses duplicate names)
             pass
         return collector
 
-    def register_opentelemetry(self, meter_provider: Any = None) -> Any:
+    def register_opentelemetry(
+        self, meter_provider: MeterProvider | None = None
+    ) -> OpenTelemetryExporter:
         """Record every figure into OpenTelemetry instruments too, one instrument per figure.
 
         Counters become ``Counter`` s, histograms ``Histogram`` s (with these bucket bounds as
@@ -488,17 +457,14 @@ class Registry:
         from trackpoint.metrics.export import OpenTelemetryExporter
 
         provider = meter_provider or otel_metrics.get_meter_provider()
-
-        created: list[object] = []
-
-        def create() -> object:
-            created.append(OpenTelemetryExporter(self, provider.get_meter("trackpoint")))
-            return created[0]
-
-        exporter = self._exporter("opentelemetry", provider, create)
+        exporter, created = self._exporter(
+            OpenTelemetryExporter,
+            provider,
+            lambda: OpenTelemetryExporter(self, provider.get_meter("trackpoint")),
+        )
         if not any(listener is exporter for listener in self._listeners):
             # Totals are replayed once: the instruments keep them across close().
-            self.add_listener(exporter, replay_counters=bool(created))  # type: ignore[arg-type]
+            self.add_listener(exporter, replay_counters=created)
         return exporter
 
 

@@ -24,7 +24,6 @@ from trackpoint.saving.sharding import (
     ShardableTensor,
     ShardByTaskPolicy,
     ShardingPolicy,
-    validate_shards,
 )
 from trackpoint.saving.snapshot import SaveSnapshot
 
@@ -51,5 +50,4 @@ __all__ = [
     "sharding",
     "task_of",
     "unregister_checkpoint_saver",
-    "validate_shards",
 ]

@@ -21,12 +21,13 @@ import weakref
 
 import numpy as np
 
-from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
 from trackpoint.errors import FailedPreconditionError
+from trackpoint.metrics import registry as metrics
 from trackpoint.saving.options import CheckpointOptions
 from trackpoint.saving.progress import ProgressEvent
-from trackpoint.saving.saver import MultiDeviceSaver, SaveSnapshot
+from trackpoint.saving.saver import MultiDeviceSaver
+from trackpoint.saving.snapshot import SaveSnapshot
 from trackpoint.saving.staging import StagedSnapshot, Stager, StagingAborted
 from trackpoint.storage import Storage
 

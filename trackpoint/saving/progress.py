@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trackpoint import metrics
 from trackpoint.errors import CheckpointError
+from trackpoint.metrics import registry as metrics
 
 if TYPE_CHECKING:
     from trackpoint.bundle.reader import BundleReader

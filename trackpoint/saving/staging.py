@@ -23,12 +23,12 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trackpoint import metrics
-from trackpoint.errors import CheckpointError
+from trackpoint.errors import StagingAborted
+from trackpoint.metrics import registry as metrics
 from trackpoint.saving.devices import DeviceValue
 from trackpoint.saving.snapshot import SaveSnapshot, as_array
 
@@ -54,10 +54,6 @@ _ALIGN = 64
 MIN_STAGING_BYTES = 4 * _ALIGN
 
 _COPY, _WHOLE, _PIECES = 0, 1, 2
-
-
-class StagingAborted(CheckpointError):
-    """The other side of the staging stopped (the write failed, or copying did)."""
 
 
 def _little_endian(dtype: np.dtype) -> np.dtype:
@@ -218,7 +214,7 @@ class Stager:
         """The shards with every value replaced by its placeholder, in staging order."""
         out: list[tuple[str, Shard]] = []
         for task, shard in shards:
-            staged: dict[str, dict[str, Any]] = {}
+            staged: Shard = {}
             for key, slices in shard.items():
                 for spec, value in slices.items():
                     if isinstance(value, DeviceValue):

@@ -13,6 +13,7 @@ import pytest
 from trackpoint import metrics
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.metrics import Figure, Registry
+from trackpoint.metrics import registry as metrics_registry
 
 
 @pytest.fixture
@@ -212,9 +213,10 @@ def test_declare_gauge(registry: Registry) -> None:
 
 
 def test_module_functions_use_default_registry(default_registry: Registry) -> None:
-    metrics.increment(metrics.CHECKSUM_FAILURES)
-    metrics.record_duration(metrics.READ_DURATION, 0.25)
-    with metrics.timed(metrics.READ_DURATION):
+    # The layers' recording functions live in trackpoint.metrics.registry, not the public API.
+    metrics_registry.increment(metrics.CHECKSUM_FAILURES)
+    metrics_registry.record_duration(metrics.READ_DURATION, 0.25)
+    with metrics_registry.timed(metrics.READ_DURATION):
         pass
     snap = metrics.snapshot()
     assert snap == default_registry.snapshot()
