@@ -115,7 +115,7 @@ def test_d5_directory_resolves_through_state_file(tmp_path):
     ckpt.restore(tmp_path / "run").assert_consumed()
     assert v.numpy() == 5.0
     (tmp_path / "empty").mkdir()
-    with pytest.raises(NotFoundError, match="not a directory whose 'checkpoint' state file"):
+    with pytest.raises(NotFoundError, match="directory without a committed checkpoint"):
         ckpt.restore(tmp_path / "empty")
 
 

@@ -97,7 +97,7 @@ def test_j1_async_write_error_surfaces_at_sync(tmp_path):
 
 def test_registered_saver_through_checkpoint(tmp_path):
     """The graph's registered-saver seam: objects by path, recorded on their nodes (G1)."""
-    from trackpoint.graph import object_metadata
+    from trackpoint.management import object_metadata
     from trackpoint.saving import register_checkpoint_saver, unregister_checkpoint_saver
 
     class Table(Trackable):

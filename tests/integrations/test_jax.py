@@ -250,7 +250,7 @@ def test_checkpoint_read_refuses_jax_leaves_and_points_to_restore(tmp_path):
 def test_missing_checkpoint_is_not_found(tmp_path):
     from trackpoint.errors import NotFoundError
 
-    with pytest.raises(NotFoundError, match="no checkpoint"):
+    with pytest.raises(NotFoundError, match="Failed to find any matching files"):
         tpj.restore(tmp_path / "nope", {"x": jnp.ones(2)})
 
 

@@ -43,7 +43,9 @@ def test_deferred_slot_positions_restore_on_add():
 
     opt = Optimizer()
     v = Variable([1.0, 2.0])
-    assert opt._create_or_restore_slot_variable(Position(), v, "m") is None
+    position = Position()
+    assert opt._plan_slot_variable(position, v, "m") is None  # no value to create it from
+    opt._defer_slot_variable(position, v, "m")
     m = opt.add_slot(v, "m")
     assert log == [m]
 

@@ -17,8 +17,9 @@ reader assembles each from whatever slices the file holds, so the saving layout 
 
 from __future__ import annotations
 
+import functools
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ __all__ = [
     "Slice",
     "layout_of",
     "mark_sharded",
-    "restore_shard",
+    "prepare_shard_restore",
     "save_shard",
 ]
 
@@ -81,7 +82,11 @@ def dtensor_layout(tensor: DTensor) -> ShardLayout:
 
 def _register_layout(tensor: torch.Tensor, layout: ShardLayout) -> None:
     key = id(tensor)
-    _marked[key] = (weakref.ref(tensor, lambda _, k=key: _marked.pop(k, None)), layout)
+
+    def forget(_: weakref.ref[torch.Tensor]) -> None:
+        _marked.pop(key, None)
+
+    _marked[key] = (weakref.ref(tensor, forget), layout)
 
 
 def marked_layout(tensor: torch.Tensor) -> ShardLayout | None:
@@ -192,7 +197,7 @@ def save_shard(local: Any, layout: ShardLayout, what: str) -> Any:
     if isinstance(local, torch.Tensor) and local.device.type != "cpu":
         copy = _HostCopy(local, layout, what)
         values: dict[str, Any] = {
-            spec: DeviceValue(lambda s=spec: copy.view(s), device=str(local.device))
+            spec: DeviceValue(functools.partial(copy.view, spec), device=str(local.device))
             for spec, _, _ in layout.pieces()
         }
     else:
@@ -214,6 +219,7 @@ def _targets(local: Any, layout: ShardLayout, saved: Any, what: str) -> list[tup
                 f"{what} is sharded; restoring needs its slices, got a whole {type(saved)}"
             )
         parts = [(spec, saved[spec]) for spec, _, _ in layout.pieces()]
+    views: Sequence[torch.Tensor | np.ndarray]
     if isinstance(local, torch.Tensor):
         base = local.detach()
         if layout.flat:
@@ -231,14 +237,16 @@ def _targets(local: Any, layout: ShardLayout, saved: Any, what: str) -> list[tup
     return [(view, value) for view, (_, value) in zip(views, parts)]
 
 
-def restore_shard(local: Any, layout: ShardLayout, saved: Any, what: str) -> None:
-    """Copy the restored slices into the local value, in place, after checking all of them.
+def prepare_shard_restore(
+    local: Any, layout: ShardLayout, saved: Any, what: str
+) -> Callable[[], None]:
+    """Check every restored slice against the local value; return the step copying them in.
 
     Raises:
         InvalidArgumentError: a slice's shape or dtype differs; nothing is written.
     """
     if layout.is_empty_tensor:
-        return
+        return _nothing
     with torch.no_grad():
         pairs = _targets(local, layout, saved, what)
         checked = []
@@ -254,11 +262,20 @@ def restore_shard(local: Any, layout: ShardLayout, saved: Any, what: str) -> Non
                         f"{view.shape} and dtype {view.dtype}"
                     )
                 checked.append(array)
-        for (view, _), array in zip(pairs, checked):
-            if isinstance(view, torch.Tensor):
-                view.copy_(tensor_from_numpy(array, view.dtype))
-            else:
-                np.copyto(view, array)
+
+    def apply() -> None:
+        with torch.no_grad():
+            for (view, _), array in zip(pairs, checked):
+                if isinstance(view, torch.Tensor):
+                    view.copy_(tensor_from_numpy(array, view.dtype))
+                else:
+                    np.copyto(view, array)
+
+    return apply
+
+
+def _nothing() -> None:
+    """The restore step of an empty tensor."""
 
 
 # -- trackables ------------------------------------------------------------------------------
@@ -268,7 +285,7 @@ def _shape_of(local: Any, what: str) -> tuple[int, ...]:
     if isinstance(local, torch.Tensor):
         return tuple(local.shape)
     if isinstance(local, np.ndarray):
-        return local.shape
+        return tuple(local.shape)
     raise InvalidArgumentError(
         f"{what} must be a numpy array or a torch tensor, got {type(local).__name__}"
     )
@@ -306,9 +323,10 @@ class _ShardTrackable(Trackable):
         # docstring inherited
         return {VARIABLE_VALUE_KEY: save_shard(self._local, self._layout, repr(self))}
 
-    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
         # docstring inherited
-        restore_shard(self._local, self._layout, restored_tensors[VARIABLE_VALUE_KEY], repr(self))
+        saved = restored_tensors[VARIABLE_VALUE_KEY]
+        return prepare_shard_restore(self._local, self._layout, saved, repr(self))
 
 
 class Slice(_ShardTrackable):
@@ -378,9 +396,10 @@ class ShardedTensorVariable(TensorVariable):
         # docstring inherited
         return {VARIABLE_VALUE_KEY: save_shard(self._local(), self._layout, self.name)}
 
-    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
         # docstring inherited
-        restore_shard(self._local(), self._layout, restored_tensors[VARIABLE_VALUE_KEY], self.name)
+        saved = restored_tensors[VARIABLE_VALUE_KEY]
+        return prepare_shard_restore(self._local(), self._layout, saved, self.name)
 
 
 def _adapt_tensor(tensor: torch.Tensor) -> TensorVariable:

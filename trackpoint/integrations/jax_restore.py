@@ -6,16 +6,19 @@ tracked containers write), the way ``Checkpoint.restore`` matches objects
 (tf-checkpoint-format.md §9.4). Every check runs before any value is read: the structure
 (missing and extra values), then each leaf's shape and dtype (no casting).
 
-Each jax leaf is rebuilt on the target's sharding: one box per distinct shard index is read
-(``BundleReader.read_slice`` touches only the stored slices that intersect it, so a sharded
-checkpoint is resharded without reading everything on every device), put on each device that
-holds that index, and assembled with ``jax.make_array_from_single_device_arrays``.
+Values are read through the one restore engine (trackpoint/saving/restore.py): every value is
+read and its crc32c verified before any leaf is built. Each jax leaf is rebuilt on the target's
+sharding: one box per distinct shard index (for a checkpoint that stores the tensor in slices,
+each box is read with ``BundleReader.read_slice``, which touches only the stored slices that
+intersect it, so a sharded checkpoint is resharded without reading everything on every device),
+put on each device that holds that index, and assembled with
+``jax.make_array_from_single_device_arrays``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +27,7 @@ import numpy as np
 
 from trackpoint._types import PathLike
 from trackpoint.bundle.reader import BundleReader
-from trackpoint.bundle.slice_spec import TensorSlice
+from trackpoint.bundle.slice_spec import TensorSlice, format_slice_spec
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph.keys import SAVE_COUNTER, checkpoint_key, escape_local_name
 from trackpoint.integrations.jax_arrays import index_bounds, is_key_array
@@ -32,7 +35,8 @@ from trackpoint.integrations.jax_pytrees import leaves_with_names, readable
 from trackpoint.management.paths import resolve_prefix
 from trackpoint.management.reader import CheckpointReader
 from trackpoint.saving.options import CheckpointOptions
-from trackpoint.tracking.base import VARIABLE_VALUE_KEY
+from trackpoint.saving.restore import RestoreItem, restore_items
+from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
 
 __all__ = ["restore"]
 
@@ -45,7 +49,6 @@ _PY_SCALAR_DTYPES: dict[type, frozenset[np.dtype[Any]]] = {
     float: frozenset(np.dtype(t) for t in "efd"),
     complex: frozenset(np.dtype(t) for t in "FD"),
 }
-_DEFAULT_MAX_READ_THREADS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,63 +174,80 @@ def _check(reader: BundleReader, leaves: list[_Leaf], prefix: str) -> None:
         )
 
 
-class _BoxReader:
-    """Reads boxes of one tensor: an unsliced tensor is mapped (and checksummed) once."""
-
-    def __init__(self, reader: BundleReader, key: str) -> None:
-        self._reader = reader
-        self._key = key
-        self._sliced = bool(reader.slices(key))
-        self._view: np.ndarray | None = None
-
-    def read(self, bounds: tuple[tuple[int, int], ...]) -> np.ndarray:
-        """A new array holding the box ``bounds`` (safe to hand to a device: owns its memory)."""
-        if self._sliced:
-            tensor_slice = TensorSlice.from_bounds(
-                [start for start, _ in bounds], [stop - start for start, stop in bounds]
-            )
-            return self._reader.read_slice(self._key, tensor_slice)
-        if self._view is None:
-            self._view = self._reader.read(self._key, copy=False)
-        return np.array(self._view[tuple(slice(s, e) for s, e in bounds)], copy=True)
-
-
 def _default_sharding() -> jax.sharding.Sharding:
     return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
 
-def _to_jax(reader: BundleReader, leaf: _Leaf) -> jax.Array:
-    target = leaf.target
-    sharding = target.sharding if target.sharding is not None else _default_sharding()
-    boxes = _BoxReader(reader, leaf.key)
-    if isinstance(target, jax.Array) and is_key_array(target):
-        data = boxes.read(tuple((0, d) for d in reader.shape(leaf.key)))
-        keys = jax.random.wrap_key_data(data, impl=jax.random.key_impl(target))
-        return jax.device_put(keys, sharding)
-    shape = tuple(target.shape)
-    by_bounds: dict[tuple[tuple[int, int], ...], list[Any]] = {}
-    for device, index in sharding.addressable_devices_indices_map(shape).items():
-        by_bounds.setdefault(index_bounds(index, shape), []).append(device)
-    memory_kind = getattr(sharding, "memory_kind", None)
-    arrays = []
-    for bounds, devices in by_bounds.items():
-        piece = boxes.read(bounds)
-        for device in devices:
-            placement = jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)
-            arrays.append(jax.device_put(piece, placement))
-    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+class _LeafTarget(Trackable):
+    """One leaf of the result, as the restore engine sees it.
 
+    The engine reads and verifies the leaf's value (or, for a checkpoint that stores the tensor
+    in slices, one box per distinct shard index of the target's sharding); ``_prepare_restore``
+    builds the new leaf from the verified bytes, and its apply step stores it in the result.
+    """
 
-def _read_leaf(reader: BundleReader, leaf: _Leaf) -> Any:
-    target = leaf.target
-    if isinstance(target, (jax.Array, jax.ShapeDtypeStruct)):
-        return _to_jax(reader, leaf)
-    value = reader.read(leaf.key, copy=True)
-    if isinstance(target, np.ndarray):
-        return value
-    if isinstance(target, np.generic):
-        return value[()]
-    return type(target)(value[()])
+    def __init__(self, leaf: _Leaf, shape: tuple[int, ...], results: list[Any]) -> None:
+        self._leaf = leaf
+        self._shape = shape
+        self._results = results
+        self._boxes: dict[tuple[tuple[int, int], ...], list[Any]] = {}
+        target = leaf.target
+        if isinstance(target, (jax.Array, jax.ShapeDtypeStruct)) and not is_key_array(target):
+            sharding = target.sharding if target.sharding is not None else _default_sharding()
+            for device, index in sharding.addressable_devices_indices_map(shape).items():
+                bounds = (
+                    index_bounds(index, shape) if index is not None
+                    else tuple((0, size) for size in shape)  # the whole array on this device
+                )
+                self._boxes.setdefault(bounds, []).append(device)
+
+    def box_specs(self) -> dict[str, None]:
+        """``{slice spec: None}`` of every box to read from a checkpoint that stores slices."""
+        specs: dict[str, None] = {}
+        for bounds in self._boxes:
+            tensor_slice = TensorSlice.from_bounds(
+                [start for start, _ in bounds], [stop - start for start, stop in bounds]
+            )
+            specs[format_slice_spec(self._shape, tensor_slice)] = None
+        return specs
+
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
+        # docstring inherited: builds the new leaf; nothing of the program changes
+        value = self._build(restored_tensors[VARIABLE_VALUE_KEY])
+        return functools.partial(self._results.__setitem__, self._leaf.position, value)
+
+    def _box(self, saved: Any, bounds: tuple[tuple[int, int], ...]) -> np.ndarray:
+        """A new array holding ``bounds`` (safe to hand to a device: owns its memory)."""
+        if isinstance(saved, Mapping):  # read as slices: one verified box per spec
+            tensor_slice = TensorSlice.from_bounds(
+                [start for start, _ in bounds], [stop - start for start, stop in bounds]
+            )
+            return np.array(saved[format_slice_spec(self._shape, tensor_slice)], copy=True)
+        return np.array(saved[tuple(slice(s, e) for s, e in bounds)], copy=True)
+
+    def _build(self, saved: Any) -> Any:
+        target = self._leaf.target
+        if not isinstance(target, (jax.Array, jax.ShapeDtypeStruct)):
+            value = np.array(saved, copy=True)
+            if isinstance(target, np.ndarray):
+                return value
+            if isinstance(target, np.generic):
+                return value[()]
+            return type(target)(value[()])
+        sharding = target.sharding if target.sharding is not None else _default_sharding()
+        if is_key_array(target):
+            assert isinstance(target, jax.Array)  # abstract key targets are refused by _check
+            data = jax.numpy.asarray(np.array(saved, copy=True))
+            keys = jax.random.wrap_key_data(data, impl=jax.random.key_impl(target))
+            return jax.device_put(keys, sharding)
+        memory_kind = getattr(sharding, "memory_kind", None)
+        arrays = []
+        for bounds, devices in self._boxes.items():
+            piece = self._box(saved, bounds)
+            for device in devices:
+                placement = jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)
+                arrays.append(jax.device_put(piece, placement))
+        return jax.make_array_from_single_device_arrays(self._shape, sharding, arrays)
 
 
 def restore(
@@ -257,7 +277,8 @@ def restore(
         partial: restore what matches. Checkpoint values the target lacks are ignored; target
             leaves the checkpoint lacks keep their target value (abstract ones are an error).
             Off (the default), both are an error, like ``assert_consumed()``.
-        options: ``num_io_threads`` bounds the threads reading leaves (default up to 4).
+        options: accepted for symmetry with ``Checkpoint.read`` (values are read through the
+            one restore engine, which verifies every value before any leaf is built).
 
     Returns:
         A pytree of the same structure (same container types) as ``target``.
@@ -285,15 +306,17 @@ def restore(
         values: list[Any] = [None] * (len(found) + len(missing))
         for leaf in missing:
             values[leaf.position] = leaf.target
-        workers = (options.num_io_threads if options else None) or min(
-            _DEFAULT_MAX_READ_THREADS, max(1, len(found))
-        )
-        with concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="trackpoint-jax-restore"
-        ) as pool:
-            futures = {pool.submit(_read_leaf, bundle, leaf): leaf for leaf in found}
-            for future, leaf in futures.items():
-                values[leaf.position] = future.result()
+        items = []
+        for leaf in found:
+            target = _LeafTarget(leaf, tuple(bundle.shape(leaf.key)), values)
+            # A tensor stored in slices is read box by box (only the slices each box touches);
+            # an unsliced one is read, and verified, once and cut into boxes from the mapping.
+            sliced = bool(bundle.slices(leaf.key)) and bool(target.box_specs())
+            layouts = {VARIABLE_VALUE_KEY: target.box_specs()} if sliced else None
+            items.append(RestoreItem(target, {VARIABLE_VALUE_KEY: leaf.key}, readable(leaf.path),
+                                     layouts))
+        # The one restore engine: every value read and verified, then the leaves built.
+        restore_items(items, bundle, prefix=prefix)
     return jax.tree_util.tree_unflatten(treedef, values)
 
 

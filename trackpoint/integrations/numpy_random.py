@@ -9,6 +9,9 @@ module the first time a numpy random object is checkpointed (``tracking/adapters
 
 from __future__ import annotations
 
+import copy
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -55,18 +58,30 @@ class NumpyRandomState(PythonState):
 
     def deserialize(self, data: bytes) -> None:
         # docstring inherited
+        self._prepare_deserialize(data)()
+
+    def _prepare_deserialize(self, data: bytes) -> Callable[[], None]:
+        # docstring inherited
         state = loads(data, what=self._what())
         target = self._bit_generator()
         try:
-            if isinstance(target, np.random.RandomState):
-                target.set_state(state)
-            else:
-                target.state = state
+            # Checked on a scratch generator of the same type, so a state that does not fit
+            # fails before anything of the restore changes (saving/restore.py).
+            scratch = copy.deepcopy(target)
+            _set_state(scratch, state)
         except (TypeError, ValueError, KeyError) as exc:
             raise InvalidArgumentError(
                 f"cannot restore {self._what()} from the checkpoint: {exc} (was it saved from "
                 "another bit generator type? Create the generator with the saved type)"
             ) from exc
+        return functools.partial(_set_state, target, state)
+
+
+def _set_state(target: Any, state: Any) -> None:
+    if isinstance(target, np.random.RandomState):
+        target.set_state(state)
+    else:
+        target.state = state
 
 
 register_adapter(np.random.Generator, NumpyRandomState)

@@ -18,8 +18,9 @@ Deferred restoration (semantics B1) has two torch-specific triggers:
 
 from __future__ import annotations
 
+import functools
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -61,8 +62,13 @@ class ExtraState(PythonState):
 
     def deserialize(self, data: bytes) -> None:
         # docstring inherited
+        self._prepare_deserialize(data)()
+
+    def _prepare_deserialize(self, data: bytes) -> Callable[[], None]:
+        # docstring inherited
         what = f"extra state of {self._name}"
-        self._module.set_extra_state(loads(data, what=what, hooks=TENSOR_JSON_HOOKS))
+        state = loads(data, what=what, hooks=TENSOR_JSON_HOOKS)
+        return functools.partial(self._module.set_extra_state, state)
 
     def __repr__(self) -> str:
         return f"<torch extra state of {self._name}>"
@@ -78,6 +84,10 @@ class ModuleAdapter(Trackable):
     The adapter holds its children's adapters, so their restore bookkeeping lives as long as
     it does. The module itself is never modified except through in-place value copies.
     """
+
+    # Name-based (TF1) checkpoints name the tensors below a module by their path under it, i.e.
+    # their state_dict key with "." -> "/" (trackpoint.checkpoint.name_based).
+    _name_based_scope = True
 
     def __init__(self, module: torch.nn.Module) -> None:
         self._module = module

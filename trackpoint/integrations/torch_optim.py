@@ -15,9 +15,10 @@ use (``step`` stays on the CPU unless the group is ``capturable`` or ``fused``),
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeGuard
 
+import numpy as np
 import torch
 
 from trackpoint.errors import InvalidArgumentError
@@ -25,13 +26,14 @@ from trackpoint.integrations.torch_tensors import (
     TENSOR_JSON_HOOKS,
     TensorVariable,
     is_uninitialized,
+    tensor_from_numpy,
     tensor_to_json,
     torch_dtype_for,
 )
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import DeferredRestoration, Trackable
 from trackpoint.tracking.python_state import PythonState
-from trackpoint.tracking.slots import SlotOwner
+from trackpoint.tracking.slots import PendingSlot, SlotOwner
 from trackpoint.tracking.state_json import dumps, loads
 from trackpoint.tracking.variable import Variable
 
@@ -41,7 +43,7 @@ PARAM_GROUPS_NAME = "param_groups"
 """Local name of the optimizer's non-slot state (the ``OptimizerConfig`` child)."""
 
 
-def _is_state_tensor(value: Any) -> bool:
+def _is_state_tensor(value: Any) -> TypeGuard[torch.Tensor]:
     return isinstance(value, torch.Tensor) and not is_uninitialized(value)
 
 
@@ -93,6 +95,10 @@ class OptimizerConfig(PythonState):
 
     def deserialize(self, data: bytes) -> None:
         # docstring inherited
+        self._prepare_deserialize(data)()
+
+    def _prepare_deserialize(self, data: bytes) -> Callable[[], None]:
+        # docstring inherited: the group layout is checked before the restore changes anything
         optimizer = self._optimizer
         what = self._what()
         saved = loads(data, what=what, hooks=TENSOR_JSON_HOOKS)
@@ -116,14 +122,17 @@ class OptimizerConfig(PythonState):
                 raise InvalidArgumentError(
                     f"{what}: state for parameter #{key}, but the optimizer has {len(params)}"
                 )
-        for group, values in zip(optimizer.param_groups, hyper):
-            for key, value in values.items():
-                group[key] = _merge(group.get(key), value)
-        for key, values in param_state.items():
-            param = params[int(key)]
-            optimizer.state[param].update(
-                {k: _to_device(v, param.device) for k, v in values.items()}
-            )
+        def apply() -> None:
+            for group, values in zip(optimizer.param_groups, hyper):
+                for key, value in values.items():
+                    group[key] = _merge(group.get(key), value)
+            for key, values in param_state.items():
+                param = params[int(key)]
+                optimizer.state[param].update(
+                    {k: _to_device(v, param.device) for k, v in values.items()}
+                )
+
+        return apply
 
 
 def _merge(live: Any, saved: Any) -> Any:
@@ -184,6 +193,19 @@ class OptimizerAdapter(SlotOwner):
     def _params(self) -> list[torch.Tensor]:
         return [p for group in self._optimizer.param_groups for p in group["params"]]
 
+    def _slot_variables(self) -> list[tuple[str, Any]]:
+        # docstring inherited: every parameter with state (Adam's moments, SGD's momentum);
+        # a parameter without state has nothing here to lose (an optimizer-only checkpoint of
+        # hyperparameters stays possible).
+        state = self._optimizer.state
+        return [
+            (f"parameter {index} of param_groups[{group_index}] (shape {tuple(param.shape)}) "
+             "and its optimizer state", param)
+            for group_index, group in enumerate(self._optimizer.param_groups)
+            for index, param in enumerate(group["params"])
+            if state.get(param)
+        ]
+
     def get_slot_names(self) -> list[str]:
         # docstring inherited
         names: set[str] = set()
@@ -218,7 +240,7 @@ class OptimizerAdapter(SlotOwner):
         self._slot_adapters[key] = adapter
         return adapter
 
-    def add_slot(  # type: ignore[override]
+    def add_slot(
         self, variable: Any, slot_name: str, initial_value: Any = None, *, dtype: Any = None
     ) -> Variable:
         """Not supported: a torch optimizer creates its own state in ``step()``."""
@@ -237,7 +259,7 @@ class OptimizerAdapter(SlotOwner):
                     return torch.device("cpu")
         return param.device
 
-    def _create_or_restore_slot_variable(  # type: ignore[override]
+    def _plan_slot_variable(
         self, slot_variable_position: DeferredRestoration, variable: Trackable, slot_name: str
     ) -> Trackable | None:
         # docstring inherited
@@ -252,6 +274,17 @@ class OptimizerAdapter(SlotOwner):
             return None
         shape, numpy_dtype = spec
         dtype = torch_dtype_for(numpy_dtype, what=f"optimizer state {slot_name!r}")
-        value = torch.zeros(shape, dtype=dtype, device=self._state_device(param, slot_name))
-        self._optimizer.state[param][slot_name] = value
-        return self._slot_adapter(param, slot_name, value, variable)
+        device = self._state_device(param, slot_name)
+
+        def create(value: np.ndarray) -> Trackable:
+            tensor = tensor_from_numpy(np.array(value, copy=True), dtype).to(device)
+            self._optimizer.state[param][slot_name] = tensor
+            return self._slot_adapter(param, slot_name, tensor, variable)
+
+        return PendingSlot(shape, numpy_dtype, create, what=f"optimizer state {slot_name!r}")
+
+    def _defer_slot_variable(
+        self, slot_variable_position: DeferredRestoration, variable: Trackable, slot_name: str
+    ) -> None:
+        # docstring inherited: torch creates its state in step(), nothing can wait for add_slot
+        return None

@@ -11,7 +11,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,12 +50,16 @@ class StateDictAdapter(PythonState):
 
     def deserialize(self, data: bytes) -> None:
         # docstring inherited
+        self._prepare_deserialize(data)()
+
+    def _prepare_deserialize(self, data: bytes) -> Callable[[], None]:
+        # docstring inherited
         state = loads(data, what=self._what(), hooks=TENSOR_JSON_HOOKS)
         if not isinstance(state, dict):
             raise InvalidArgumentError(
                 f"{self._what()}: the checkpoint holds a {type(state).__name__}, not a dict"
             )
-        self._obj.load_state_dict(state)
+        return functools.partial(self._obj.load_state_dict, state)
 
 
 class GeneratorVariable(Trackable):
@@ -78,7 +83,7 @@ class GeneratorVariable(Trackable):
         # docstring inherited
         return {VARIABLE_VALUE_KEY: self._generator.get_state().numpy()}
 
-    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
         # docstring inherited
         saved = np.asarray(restored_tensors[VARIABLE_VALUE_KEY])
         current = self._generator.get_state()
@@ -89,7 +94,12 @@ class GeneratorVariable(Trackable):
                 f"{self._generator.device}, which has shape {tuple(current.shape)} and dtype "
                 "uint8; was the checkpoint written for another kind of generator?"
             )
-        self._generator.set_state(torch.from_numpy(np.array(saved, copy=True)))
+        state = torch.from_numpy(np.array(saved, copy=True))
+
+        def apply() -> None:
+            self._generator.set_state(state)
+
+        return apply
 
 
 class TorchRNG(Trackable):

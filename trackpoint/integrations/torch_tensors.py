@@ -20,7 +20,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
-from torch.nn.parameter import UninitializedTensorMixin
+from torch.nn.parameter import is_lazy
 
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
 from trackpoint.saving.devices import DeviceValue
@@ -35,6 +35,7 @@ __all__ = [
     "host_copy",
     "is_uninitialized",
     "numpy_dtype_for",
+    "prepare_copy",
     "tensor_from_json",
     "tensor_from_numpy",
     "tensor_to_json",
@@ -116,7 +117,7 @@ def torch_dtype_for(dtype: np.dtype[Any], *, what: str = "value") -> torch.dtype
 
 def is_uninitialized(tensor: torch.Tensor) -> bool:
     """True for a lazy module's parameter or buffer before its first forward pass."""
-    return isinstance(tensor, UninitializedTensorMixin)
+    return is_lazy(tensor)
 
 
 def _check_storable(tensor: torch.Tensor, what: str) -> None:
@@ -237,11 +238,25 @@ def copy_into(tensor: torch.Tensor, saved: Any, *, what: str = "tensor") -> None
         InvalidArgumentError: shape or dtype differ, or the tensor cannot hold checkpoint
             values; ``tensor`` is unchanged.
     """
+    prepare_copy(tensor, saved, what=what)()
+
+
+def prepare_copy(tensor: torch.Tensor, saved: Any, *, what: str = "tensor") -> Callable[[], None]:
+    """Check that ``saved`` fits ``tensor``; return the step that copies it in (see copy_into).
+
+    Raises:
+        InvalidArgumentError: shape or dtype differ, or the tensor cannot hold checkpoint
+            values.
+    """
     _check_storable(tensor, what)
     array = check_restorable(tensor, saved, what=what)
-    source = tensor_from_numpy(array, tensor.dtype)
-    with torch.no_grad():
-        tensor.copy_(source)
+
+    def apply() -> None:
+        source = tensor_from_numpy(array, tensor.dtype)
+        with torch.no_grad():
+            tensor.copy_(source)
+
+    return apply
 
 
 _TENSOR_TAG = "__torch_tensor__"
@@ -368,16 +383,19 @@ class TensorVariable(Trackable):
             "it) before saving"
         )
 
-    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
         # docstring inherited
         saved = restored_tensors[VARIABLE_VALUE_KEY]
         tensor = self._tensor
-        if is_uninitialized(tensor):
-            array = np.asarray(saved)
-            # Shape is checked at materialization; the dtype is known now.
-            check_restorable(tensor, array, what=self.name, shape=array.shape)
-            self._pending = np.array(array, copy=True)  # the view dies with this call
+        if not is_uninitialized(tensor):
+            return prepare_copy(tensor, saved, what=self.name)
+        array = np.asarray(saved)
+        # Shape is checked at materialization; the dtype is known now.
+        check_restorable(tensor, array, what=self.name, shape=array.shape)
+
+        def keep_pending() -> None:
+            self._pending = np.array(array, copy=True)  # the view dies with the restore
             if self._on_pending is not None:
                 self._on_pending()
-            return
-        copy_into(tensor, saved, what=self.name)
+
+        return keep_pending

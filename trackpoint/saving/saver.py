@@ -9,49 +9,61 @@ are merged into ``prefix`` under an atomic commit (:mod:`trackpoint.saving.commi
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.bundle.slice_spec import parse_slice_spec
-from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
+from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph.keys import local_name
+from trackpoint.metrics import registry as metrics
 from trackpoint.saving.commit import AtomicCommit
 from trackpoint.saving.devices import LOCAL_TASK, DeviceValue, task_of
 from trackpoint.saving.options import CheckpointOptions
 from trackpoint.saving.progress import (
     ProgressEvent,
-    ReadProgress,
     WrittenFiles,
     committed_sizes,
     write_stats,
 )
-from trackpoint.saving.registration import get_registered_saver, objects_to_restore
+from trackpoint.saving.registration import get_registered_saver
+from trackpoint.saving.restore import RestoreItem, restore_items
+from trackpoint.saving.shard_validation import policy_description, validate_shards
 from trackpoint.saving.shard_writer import payload_bytes, write_shards
 from trackpoint.saving.sharding import (
     MaxShardSizePolicy,
     Shard,
     ShardableTensor,
     ShardByTaskPolicy,
-    policy_description,
-    validate_shards,
 )
 from trackpoint.saving.snapshot import SaveSnapshot, as_array
 from trackpoint.saving.staging import StagedSnapshot
 from trackpoint.storage import Storage, storage_for
+from trackpoint.tracking.base import Trackable
 
-__all__ = ["MultiDeviceSaver", "ProgressEvent"]
+__all__ = ["MultiDeviceSaver", "ProgressEvent", "SerializedTensors"]
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_MAX_IO_THREADS = 4
+
+
+class SerializedTensors(Protocol):
+    """What :class:`MultiDeviceSaver` takes: ``(trackable, {checkpoint_key: value})`` pairs.
+
+    A plain dict keyed by trackable qualifies, and so does the graph walk's
+    :class:`~trackpoint.graph.walk.TensorsByTrackable` (keyed by identity, since trackables may
+    be unhashable).
+    """
+
+    def items(self) -> Iterable[tuple[Any, Mapping[str, Any]]]:
+        """The pairs, in data order."""
+        ...
 
 
 class _Entry(NamedTuple):
@@ -94,7 +106,7 @@ class MultiDeviceSaver:
 
     def __init__(
         self,
-        serialized_tensors: Mapping[Any, Mapping[str, Any]],
+        serialized_tensors: SerializedTensors,
         registered_savers: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self._entries_by_task: dict[str, list[_Entry]] = {}
@@ -306,10 +318,20 @@ class MultiDeviceSaver:
 
     @staticmethod
     def _progress(
-        options: CheckpointOptions, prefix: str, phase: str, *counts: int, **extra: Any
+        options: CheckpointOptions,
+        prefix: str,
+        phase: str,
+        shards_done: int,
+        num_shards: int,
+        bytes_done: int,
+        bytes_total: int,
+        **extra: Any,
     ) -> None:
         if options.progress is not None:
-            options.progress(ProgressEvent(prefix, phase, *counts, **extra))
+            event = ProgressEvent(
+                prefix, phase, shards_done, num_shards, bytes_done, bytes_total, **extra
+            )
+            options.progress(event)
 
     # -- restore ---------------------------------------------------------------------------
     def restore(
@@ -325,13 +347,13 @@ class MultiDeviceSaver:
         ``index``, a reader of ``prefix`` opened earlier (it may be closed), saves reading and
         parsing the index again: the values are read through ``index.reopen()``.
 
-        Values are read task by task. A trackable's ``_restore_from_tensors(tensors)`` is
-        called once all of its keys have been read, with ``tensors`` mapping each local name
-        (the part of the key after ``/.ATTRIBUTES/``) to an array, or, for a value registered
-        under a non-empty slice spec, to ``{slice_spec: array}`` holding that sub-box. Arrays
-        may be read-only zero-copy views of the file: copy from them during the call and do not
-        keep them, they are valid only until it returns. Registered savers' ``restore_fn`` s
-        run afterwards.
+        All or nothing, through the one value phase (trackpoint/saving/restore.py): every value
+        is read and verified, then each trackable's ``_prepare_restore(tensors)`` checks its
+        values, with ``tensors`` mapping each local name (the part of the key after
+        ``/.ATTRIBUTES/``) to an array, or, for a value registered under a non-empty slice
+        spec, to ``{slice_spec: array}`` holding that sub-box; registered savers'
+        ``restore_fn`` s run next, and only then are the trackables changed. Arrays may be
+        read-only zero-copy views of the file, valid until the restore returns.
 
         Raises:
             NotFoundError: the checkpoint or a key is missing.
@@ -341,80 +363,28 @@ class MultiDeviceSaver:
         """
         prefix_str = fspath(prefix)
         storage = storage or (options and options.storage) or storage_for(prefix_str)
+        # One item per trackable: {local name: key}, and the slice specs each value is read as.
+        groups: dict[int, tuple[Trackable, dict[str, str], dict[str, dict[str, None]]]] = {}
+        for entries in self._entries_by_task.values():
+            for entry in entries:
+                trackable = entry.trackable
+                if trackable is None:
+                    continue
+                _, keys, layouts = groups.setdefault(id(trackable), (trackable, {}, {}))
+                name = local_name(entry.checkpoint_key)
+                keys[name] = entry.checkpoint_key
+                layouts.setdefault(name, {})[entry.slice_spec] = None
+        items = [
+            RestoreItem(trackable, keys, repr(trackable), layouts)
+            for trackable, keys, layouts in groups.values()
+        ]
         opened = index.reopen() if index is not None else BundleReader(prefix_str, storage=storage)
         with opened as reader:
-            reporter = _read_progress(options, reader, self._entries_by_task.values())
-            remaining: dict[int, int] = {}
-            for entries in self._entries_by_task.values():
-                for entry in entries:
-                    if entry.trackable is not None:
-                        remaining[id(entry.trackable)] = remaining.get(id(entry.trackable), 0) + 1
-            inputs: dict[int, dict[str, Any]] = {}
-            for entries in self._entries_by_task.values():
-                for entry in entries:
-                    if entry.trackable is None:
-                        continue
-                    value = _read(reader, entry)
-                    if reporter is not None:
-                        reporter.advance(value.nbytes)
-                    tensors = inputs.setdefault(id(entry.trackable), {})
-                    name = local_name(entry.checkpoint_key)
-                    if entry.slice_spec:
-                        tensors.setdefault(name, {})[entry.slice_spec] = value
-                    else:
-                        tensors[name] = value
-                    remaining[id(entry.trackable)] -= 1
-                    if remaining[id(entry.trackable)] == 0:
-                        entry.trackable._restore_from_tensors(inputs.pop(id(entry.trackable)))
-        self._run_registered_restore_fns(prefix_str)
-
-    def _run_registered_restore_fns(self, prefix: str) -> None:
-        for name, objects in self._registered_savers.items():
-            try:
-                saver = get_registered_saver(name)
-            except NotFoundError:
-                # TF skips an unknown saver on restore (its strictness cannot be known).
-                logger.warning(
-                    "Checkpoint %s was written with registered saver %r, which is not "
-                    "registered now; its objects are not restored", prefix, name,
-                )
-                continue
-            selected = objects_to_restore(name, objects)
-            if selected:
-                saver.restore_fn(selected, prefix)
-
-
-def _read_progress(
-    options: CheckpointOptions | None,
-    reader: BundleReader,
-    entries_by_task: Iterable[list[_Entry]],
-) -> ReadProgress | None:
-    """The reporter of a restore's ``"read"`` events; None without a progress callback."""
-    if options is None or options.progress is None:
-        return None
-    total = sum(
-        _entry_nbytes(reader, entry)
-        for entries in entries_by_task
-        for entry in entries
-        if entry.trackable is not None
-    )
-    return ReadProgress(options.progress, reader, total)
-
-
-def _entry_nbytes(reader: BundleReader, entry: _Entry) -> int:
-    """Bytes of the array ``_read`` returns for ``entry`` (0 if it cannot be read)."""
-    key = entry.checkpoint_key
-    if not reader.has_tensor(key):
-        return 0
-    try:
-        shape = reader.shape(key)
-        if entry.slice_spec:
-            parsed = parse_slice_spec(entry.slice_spec)
-            assert parsed is not None
-            shape = parsed[1].shape_in(shape)
-        return math.prod(shape) * reader.dtype(key).itemsize
-    except CheckpointError:
-        return 0  # _read raises the real error
+            restore_items(
+                items, reader, prefix=prefix_str,
+                registered=self._registered_savers,
+                progress=options.progress if options is not None else None,
+            )
 
 
 def _items(mapping: Any) -> Iterable[tuple[Any, Any]]:
@@ -426,7 +396,7 @@ def _items(mapping: Any) -> Iterable[tuple[Any, Any]]:
     )
 
 
-def _check_spec(spec: Any, key: str) -> str:
+def _check_spec(spec: object, key: str) -> str:
     if not isinstance(spec, str):
         raise InvalidArgumentError(
             f"slice spec of checkpoint key {key!r} must be a str, got {type(spec).__name__}",

@@ -14,6 +14,7 @@ sits in ``trackpoint.checkpoint`` and this layer never reads files.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "VARIABLE_VALUE_KEY",
     "DeferredRestoration",
+    "NameBasedRestoration",
     "NotTrackable",
     "Trackable",
     "TrackableReference",
@@ -76,6 +78,23 @@ class DeferredRestoration(Protocol):
         ...
 
 
+class NameBasedRestoration(Protocol):
+    """A name-based (TF1) restore waiting for *any* child of an object.
+
+    Implemented in ``trackpoint.checkpoint.name_based``; kept in
+    ``_name_based_restorations`` and, unlike a :class:`DeferredRestoration`, never used up.
+    """
+
+    @property
+    def restore_uid(self) -> int:
+        """Order of the restore request; larger is more recent."""
+        ...
+
+    def restore_child(self, name: str, trackable: Trackable) -> None:
+        """Restore ``trackable``, just attached under the local name ``name``, and its subtree."""
+        ...
+
+
 class Trackable:
     """Base class of every object that can be a node of a checkpoint's object graph.
 
@@ -87,6 +106,12 @@ class Trackable:
     The bookkeeping lives in attributes named ``_self_*``, created on first use, so subclasses
     need not call ``super().__init__()``.
     """
+
+    # Declared for the type checker only: created by _maybe_initialize_trackable on first use.
+    _self_dependencies: list[TrackableReference]  # in child order
+    _self_dependency_names: dict[str, Trackable]  # local name -> child
+    _self_deferred: dict[str, list[DeferredRestoration]]  # local name -> waiting restorations
+    _self_update_uid: int
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -105,7 +130,7 @@ class Trackable:
     @property
     def _update_uid(self) -> int:
         self._maybe_initialize_trackable()
-        return self._self_update_uid  # type: ignore[no-any-return]
+        return self._self_update_uid
 
     @_update_uid.setter
     def _update_uid(self, value: int) -> None:
@@ -122,7 +147,21 @@ class Trackable:
     def _deferred_dependencies(self) -> dict[str, list[DeferredRestoration]]:
         """Restorations waiting for a child of this object to be attached, by local name."""
         self._maybe_initialize_trackable()
-        return self._self_deferred  # type: ignore[no-any-return]
+        return self._self_deferred
+
+    @property
+    def _name_based_restorations(self) -> list[NameBasedRestoration]:
+        """Name-based (TF1) restores offered every child attached later, whatever its name.
+
+        As TF's ``_name_based_restores``: a checkpoint without an object graph matches values
+        by name, so any new child may have one. Created on first use.
+        """
+        self._maybe_initialize_trackable()
+        restorations: list[NameBasedRestoration] | None = self.__dict__.get("_self_name_based")
+        if restorations is None:
+            restorations = []
+            object.__setattr__(self, "_self_name_based", restorations)
+        return restorations
 
     # -- children ----------------------------------------------------------------------------
 
@@ -146,7 +185,7 @@ class Trackable:
         if cached_dependencies is not None:
             return cached_dependencies.get(name)
         self._maybe_initialize_trackable()
-        return self._self_dependency_names.get(name)  # type: ignore[no-any-return]
+        return self._self_dependency_names.get(name)
 
     def _track_trackable(
         self, trackable: Trackable, name: str, overwrite: bool = False
@@ -211,13 +250,23 @@ class Trackable:
 
         The most recently requested restore runs first; older ones then find the object
         already restored by a newer request and leave its values alone (semantics B4).
-        Objects that manage children themselves call this when a child appears.
+        Objects that manage children themselves call this when a child appears. If a restore
+        fails (a value that does not fit ``trackable``), ``trackable`` is unchanged and the
+        restorations keep waiting for a child that fits.
         """
         self._maybe_initialize_trackable()
         trackable._maybe_initialize_trackable()
         pending = self._self_deferred.pop(name, ())
-        for position in sorted(pending, key=lambda p: p.restore_uid, reverse=True):
-            position.restore(trackable)
+        ordered = sorted(pending, key=lambda p: p.restore_uid, reverse=True)
+        for done, position in enumerate(ordered):
+            try:
+                position.restore(trackable)
+            except BaseException:
+                self._self_deferred.setdefault(name, []).extend(ordered[done:])
+                raise
+        named = self.__dict__.get("_self_name_based")
+        for restoration in sorted(named or (), key=lambda r: r.restore_uid, reverse=True):
+            restoration.restore_child(name, trackable)
 
     def _add_variable(
         self,
@@ -241,7 +290,12 @@ class Trackable:
         spec = self._preload_spec(name)
         if spec is not None:
             saved_shape, saved_dtype = spec
-            value: Any = np.zeros(saved_shape, dtype=dtype if dtype is not None else saved_dtype)
+            value_dtype = np.dtype(dtype if dtype is not None else saved_dtype)
+            # Strings start empty (an object array of zeros is not a string value).
+            value: Any = (
+                np.full(saved_shape, b"", dtype=object) if value_dtype.kind == "O"
+                else np.zeros(saved_shape, dtype=value_dtype)
+            )
         elif initial_value is None:
             value = np.zeros(shape or (), dtype=dtype if dtype is not None else np.float32)
         else:
@@ -290,16 +344,34 @@ class Trackable:
         """
         return frozenset()
 
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
+        """Check that ``{name: array}`` fits this object; return the step that applies it.
+
+        The restore engine calls this for every object of a restore before it changes any
+        (trackpoint/saving/restore.py): raise :class:`~trackpoint.errors.InvalidArgumentError`
+        here for a value that does not fit, and return a function that only copies, so that a
+        failed restore changes nothing. The arrays may be read-only views of the checkpoint
+        file, valid until the returned function has run: copy what you keep.
+
+        The default has no checks: its step calls :meth:`_restore_from_tensors`, so subclasses
+        written against that method keep working (without the all-or-nothing guarantee).
+        """
+        return functools.partial(self._restore_from_tensors, restored_tensors)
+
     def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
         """Restore this object's values from ``{name: array}`` (names as in the save).
 
         The arrays may be read-only views that are valid only during the call: copy what you
         keep. Raise :class:`~trackpoint.errors.InvalidArgumentError` for a value that does
-        not fit, before changing anything.
+        not fit, before changing anything. The default runs :meth:`_prepare_restore`'s step
+        (objects implement one of the two).
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} saves values but does not implement _restore_from_tensors"
-        )
+        if type(self)._prepare_restore is Trackable._prepare_restore:
+            raise NotImplementedError(
+                f"{type(self).__name__} saves values but implements neither _prepare_restore "
+                "nor _restore_from_tensors"
+            )
+        self._prepare_restore(restored_tensors)()
 
 
 class NotTrackable(Trackable):

@@ -14,7 +14,7 @@ so either side reads the other's checkpoints:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,8 @@ class ParallelVariable(Trackable):
         name: recorded as the variable's name in error messages.
 
     Raises:
-        InvalidArgumentError: no components, or components whose shapes or dtypes differ.
+        InvalidArgumentError: ``components`` is not a sequence, is empty, or holds values whose
+            shapes or dtypes differ.
 
     Example:
         >>> replicas = ParallelVariable([np.zeros(3), np.ones(3)])
@@ -50,6 +51,12 @@ class ParallelVariable(Trackable):
     """
 
     def __init__(self, components: Sequence[Any], name: str | None = None) -> None:
+        # Any iterable of values works (a list, a tuple, the rows of a stacked array).
+        if not isinstance(components, Iterable) or isinstance(components, (str, bytes)):
+            raise InvalidArgumentError(
+                "ParallelVariable takes a list of per-device values (one per replica), got "
+                f"{type(components).__name__}"
+            )
         arrays = [c if isinstance(c, np.ndarray) else np.array(c) for c in components]
         if not arrays:
             raise InvalidArgumentError("ParallelVariable needs at least one component")
@@ -105,7 +112,7 @@ class ParallelVariable(Trackable):
         # A single-device checkpoint has only component 0; it then fills every replica.
         return frozenset(component_name(i) for i in range(1, len(self._components)))
 
-    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
         # docstring inherited
         values = []
         for index, target in enumerate(self._components):
@@ -113,5 +120,9 @@ class ParallelVariable(Trackable):
             saved = restored_tensors.get(name, restored_tensors[VARIABLE_VALUE_KEY])
             what = f"component {index} of parallel variable {self._name!r}"
             values.append(check_restorable(target, saved, what=what))
-        for target, saved in zip(self._components, values):
-            np.copyto(target, saved, casting="no")
+
+        def apply() -> None:
+            for target, saved in zip(self._components, values):
+                np.copyto(target, saved, casting="no")
+
+        return apply

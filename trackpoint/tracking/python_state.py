@@ -9,7 +9,8 @@ Restoring calls :meth:`PythonState.deserialize` immediately, like any other valu
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -71,6 +72,16 @@ class PythonState(Trackable, metaclass=abc.ABCMeta):
         # docstring inherited; a callable so async saves take it at snapshot time only once
         return {PYTHON_STATE: lambda: string_scalar(self.serialize())}
 
-    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
+    def _prepare_deserialize(self, data: bytes) -> Callable[[], None]:
+        """Check ``data`` and return the step that applies it (all-or-nothing restores).
+
+        The restore engine calls this for every object before changing any. The default
+        checks nothing and its step calls :meth:`deserialize`; state that can be rejected
+        (malformed bytes, a layout that does not fit) should parse and check here and only
+        assign in the returned function, so a failed restore changes nothing.
+        """
+        return functools.partial(self.deserialize, data)
+
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
         # docstring inherited
-        self.deserialize(bytes_of(restored_tensors[PYTHON_STATE]))
+        return self._prepare_deserialize(bytes_of(restored_tensors[PYTHON_STATE]))

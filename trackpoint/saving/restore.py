@@ -1,0 +1,239 @@
+"""The value phase of every restore: read and verify every value, then change the objects.
+
+Every restore ends here — ``Checkpoint.read``/``restore`` (through the planner in
+:mod:`trackpoint.checkpoint.restore`), deferred restores when an object is attached, name-based
+restores, ``tp.jax.restore``, the distributed layer and :meth:`MultiDeviceSaver.restore` —
+so one set of rules holds for all of them:
+
+1. every key the items need is looked up first (a missing key fails before anything is read);
+2. every value is read and its crc32c verified (:meth:`BundleReader.read_many`, slices with
+   :meth:`BundleReader.read_slice`); arrays are zero-copy views of the mapped files, so
+   verifying first holds no second copy of the state;
+3. every object checks its values (``Trackable._prepare_restore``: shape, dtype, slot shapes,
+   optimizer group sizes) and returns the step that applies them;
+4. only then is every object changed, each by copying once from the mapped file;
+5. registered savers' ``restore_fn``s (user code) run last, as in TensorFlow, so they see the
+   restored objects; they never run on a checkpoint that failed steps 1–3.
+
+A failure in steps 1–3 leaves every object as it was. A registered saver's ``restore_fn`` that
+fails leaves the built-in objects restored and its own objects as it left them: trackpoint
+cannot roll back user code, so a ``restore_fn`` that must be all-or-nothing checks its files
+before it changes anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trackpoint.bundle.reader import BundleReader
+from trackpoint.bundle.slice_spec import parse_slice_spec
+from trackpoint.errors import InvalidArgumentError, NotFoundError
+from trackpoint.saving.devices import DeviceValue
+from trackpoint.saving.progress import ProgressEvent, ReadProgress
+from trackpoint.saving.registration import get_registered_saver, objects_to_restore
+from trackpoint.tracking.base import Trackable
+
+__all__ = ["RestoreItem", "restore_items"]
+
+logger = logging.getLogger(__name__)
+
+Label = str | Callable[[], str]
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreItem:
+    """One object of a restore and where the checkpoint keeps each of its values."""
+
+    trackable: Trackable
+    """The object whose ``_prepare_restore`` receives the values."""
+    keys: Mapping[str, str]
+    """The object's own value name (as in ``_serialize_to_tensors``) -> checkpoint key."""
+    label: Label
+    """Readable path of the object for messages, or a function computing it (only on error)."""
+    layouts: Mapping[str, Any] | None = None
+    """Own value name -> the live value, where its layout matters: ``{slice_spec: value}`` for a
+    partitioned value (each box is read as a slice). None: every value is read whole."""
+
+
+def _label(item: RestoreItem) -> str:
+    return item.label if isinstance(item.label, str) else item.label()
+
+
+def _slice_specs(item: RestoreItem, name: str) -> list[str] | None:
+    """The non-empty slice specs ``name`` of ``item`` is read as, or None for a whole value."""
+    if item.layouts is None:
+        return None
+    live = item.layouts.get(name)
+    if isinstance(live, Mapping) and not isinstance(live, DeviceValue):
+        specs = [spec.strip() if isinstance(spec, str) else spec for spec in live]
+        if specs and any(specs):
+            return specs
+    return None
+
+
+def _missing(item: RestoreItem, key: str, prefix: str) -> NotFoundError:
+    return NotFoundError(
+        f"Key {key} not found in checkpoint {prefix}: the object {_label(item)} "
+        f"({type(item.trackable).__name__}) expects it. The checkpoint was written by a program "
+        "whose objects differ; restore a matching checkpoint, or give this object the "
+        "checkpoint's structure.",
+        path=prefix,
+        key=key,
+    )
+
+
+def _read_slice(reader: BundleReader, key: str, spec: str) -> np.ndarray:
+    parsed = parse_slice_spec(spec)
+    assert parsed is not None  # a non-empty spec
+    full_shape, tensor_slice = parsed
+    stored = reader.shape(key)
+    if tuple(stored) != tuple(full_shape):
+        raise InvalidArgumentError(
+            f"slice spec {spec!r} of checkpoint key {key!r} is for a tensor of shape "
+            f"{list(full_shape)}, but the checkpoint {reader.prefix} holds shape {list(stored)}",
+            path=reader.prefix,
+            key=key,
+        )
+    return reader.read_slice(key, tensor_slice, copy=False)
+
+
+def _nbytes(reader: BundleReader, key: str, spec: str | None) -> int:
+    shape = reader.shape(key)
+    if spec:
+        parsed = parse_slice_spec(spec)
+        if parsed is not None:
+            shape = parsed[1].shape_in(shape)
+    return math.prod(shape) * reader.dtype(key).itemsize
+
+
+class _Values:
+    """Every value the items need, read and verified, in the order the items ask for them."""
+
+    def __init__(
+        self, items: Sequence[RestoreItem], reader: BundleReader, prefix: str,
+        progress: Callable[[ProgressEvent], None] | None,
+    ) -> None:
+        whole: list[str] = []
+        sliced: list[tuple[str, str]] = []
+        has_tensor = reader.has_tensor
+        for item in items:
+            for name, key in item.keys.items():
+                if not has_tensor(key):
+                    raise _missing(item, key, prefix)
+                specs = _slice_specs(item, name)
+                if specs is None:
+                    whole.append(key)
+                else:
+                    sliced.extend((key, spec) for spec in specs)
+        reporter = None
+        if progress is not None:
+            total = sum(_nbytes(reader, key, None) for key in whole)
+            total += sum(_nbytes(reader, key, spec) for key, spec in sliced)
+            reporter = ReadProgress(progress, reader, total)
+        if reporter is None:
+            self._whole: Iterator[np.ndarray] = iter(reader.read_many(whole, copy=False))
+        else:
+            arrays = []
+            for key in whole:
+                array = reader.read(key, copy=False)
+                reporter.advance(array.nbytes)
+                arrays.append(array)
+            self._whole = iter(arrays)
+        slices = []
+        for key, spec in sliced:
+            array = _read_slice(reader, key, spec)
+            if reporter is not None:
+                reporter.advance(array.nbytes)
+            slices.append(array)
+        self._slices = iter(slices)
+
+    def of(self, item: RestoreItem) -> dict[str, Any]:
+        """``{own name: array or {slice spec: array}}`` of ``item`` (items in reading order)."""
+        if item.layouts is None:
+            whole = self._whole
+            return {name: next(whole) for name in item.keys}
+        values: dict[str, Any] = {}
+        for name in item.keys:
+            specs = _slice_specs(item, name)
+            if specs is None:
+                values[name] = next(self._whole)
+            else:
+                values[name] = {spec: next(self._slices) for spec in specs}
+        return values
+
+
+def _prepare(item: RestoreItem, values: Mapping[str, Any], prefix: str) -> Callable[[], None]:
+    trackable = item.trackable
+    try:
+        prepare = getattr(trackable, "_prepare_restore", None)
+        if prepare is None:  # a duck-typed holder of MultiDeviceSaver: restored as it asks
+            return functools.partial(trackable._restore_from_tensors, values)
+        return prepare(values)  # type: ignore[no-any-return]
+    except InvalidArgumentError as exc:
+        keys = sorted(item.keys.values())
+        raise InvalidArgumentError(
+            f"{exc.message} (object {_label(item)}, checkpoint key {', '.join(keys)} in "
+            f"{prefix}). Nothing was restored.",
+            path=prefix,
+            key=keys[0] if keys else None,
+        ) from exc
+
+
+def _run_registered_savers(
+    registered: Mapping[str, Mapping[str, Trackable]], prefix: str
+) -> None:
+    for name, objects in registered.items():
+        try:
+            saver = get_registered_saver(name)
+        except NotFoundError:
+            # TF skips an unknown saver on restore (its strictness cannot be known).
+            logger.warning(
+                "Checkpoint %s was written with registered saver %r, which is not registered "
+                "now; its objects are not restored", prefix, name,
+            )
+            continue
+        selected = objects_to_restore(name, dict(objects))
+        if selected:
+            saver.restore_fn(selected, prefix)
+
+
+def restore_items(
+    items: Sequence[RestoreItem],
+    reader: BundleReader,
+    *,
+    prefix: str | None = None,
+    registered: Mapping[str, Mapping[str, Trackable]] | None = None,
+    progress: Callable[[ProgressEvent], None] | None = None,
+) -> None:
+    """Read and verify every value of ``items``, then apply them all (see the module docstring).
+
+    Args:
+        items: the objects to restore and the keys of their values.
+        reader: an open reader of the checkpoint; it must stay open during the call (values are
+            views of its mapped files until they are applied).
+        prefix: the checkpoint's name in messages (default: the reader's prefix).
+        registered: objects of registered savers, ``{saver name: {object name: trackable}}``.
+        progress: a callback receiving ``"read"`` events as values are read.
+
+    Raises:
+        NotFoundError: a key is missing (nothing changed).
+        DataLossError: a value is damaged (nothing changed).
+        InvalidArgumentError: a value does not fit its object (nothing changed).
+        Exception: whatever a registered saver's ``restore_fn`` raised (built-in objects are
+            restored by then).
+    """
+    name = prefix if prefix is not None else reader.prefix
+    values = _Values(items, reader, name, progress)
+    applies = [_prepare(item, values.of(item), name) for item in items]
+    for apply in applies:
+        apply()
+    if registered:
+        _run_registered_savers(registered, name)
+
