@@ -15,8 +15,10 @@ from trackpoint.storage import FsspecStorage, LocalStorage, is_url, storage_for
 
 def test_exported_names() -> None:
     assert sorted(trackpoint.storage.__all__) == [
+        "DirectoryLock",
         "FsspecStorage",
         "LocalStorage",
+        "LockHolder",
         "MemoryStorage",
         "RangeReader",
         "Storage",

@@ -5,6 +5,10 @@ drives any checkpoint object through its public surface — ``save_counter``, ``
 options)``, ``restore(path)``, ``sync()`` — and does its bookkeeping in a write callback, so the
 state file is updated and old checkpoints are deleted only after the new checkpoint is committed
 (for async saves, on the writer thread once the files are durable).
+
+One writer per directory (docs/design.md): the manager holds the directory's writer lock
+(``Storage.lock_directory``) from construction until :meth:`CheckpointManager.close`, and a
+checkpoint that has neither saved nor been restored never replaces a committed checkpoint.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from trackpoint._types import PathLike, fspath
-from trackpoint.errors import InvalidArgumentError
+from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
 from trackpoint.management.state_file import (
+    checkpoint_exists,
     get_checkpoint_state,
     remove_checkpoint,
     write_checkpoint_state,
 )
 from trackpoint.saving.options import CheckpointOptions
+from trackpoint.storage import DirectoryLock, Storage, storage_for
 
 __all__ = ["CheckpointManager"]
 
@@ -72,6 +78,20 @@ class CheckpointManager:
     one checkpoint per that many hours forever. A new manager on the same directory recovers
     the active set and ``latest_checkpoint`` from the state file.
 
+    One writer per directory: the manager takes the directory's writer lock when it is created
+    (creating the directory) and holds it until :meth:`close` (also the end of a ``with``
+    block, garbage collection, or process exit; a killed process's lock is released by the OS).
+    A manager in another process fails at once, naming the holder; managers and
+    ``Checkpoint.save`` calls of one process share the lock. On object stores the lock is a
+    best-effort lease (docs/design.md). Only the process that commits (``is_coordinator``, see
+    ``_Checkpointable``) takes the lock.
+
+    A committed checkpoint of another writer is never replaced: if the checkpoint has neither
+    saved nor been restored (``save_counter`` 0, a new run), ``save()`` fails rather than
+    overwrite an existing ``ckpt-N`` — restore first (:meth:`restore_or_initialize`) or pass an
+    unused ``checkpoint_number``. A checkpoint that restored continues that history and may
+    replace later checkpoints of it, as in TensorFlow (rolling back to an older checkpoint).
+
     Example:
         >>> import numpy as np, tempfile, trackpoint as tp
         >>> ckpt = tp.Checkpoint(w=np.zeros(3))
@@ -95,6 +115,8 @@ class CheckpointManager:
     Raises:
         InvalidArgumentError: ``max_to_keep`` is not positive, or ``checkpoint_interval`` is
             given without ``step_counter``.
+        FailedPreconditionError: another process holds ``directory``'s writer lock (the
+            message names its host and pid).
     """
 
     def __init__(
@@ -121,7 +143,7 @@ class CheckpointManager:
         self._checkpoint = checkpoint
         self._max_to_keep = max_to_keep
         self._keep_every_n_hours = keep_checkpoint_every_n_hours
-        self._directory = fspath(directory)
+        self._directory = fspath(directory, argument="directory")
         self._prefix = os.path.join(self._directory, checkpoint_name)
         self._step_counter = step_counter
         self._checkpoint_interval = checkpoint_interval
@@ -130,7 +152,15 @@ class CheckpointManager:
         self._clock = clock
         self._lock = threading.Lock()
         self._active: OrderedDict[str, float] = OrderedDict()
-        self._recover_state()
+        self._closed = False
+        self._directory_lock: DirectoryLock | None = None
+        if getattr(checkpoint, "is_coordinator", True):
+            self._directory_lock = storage_for(self._directory).lock_directory(self._directory)
+        try:
+            self._recover_state()
+        except BaseException:
+            self.close()
+            raise
 
     def _recover_state(self) -> None:
         state = get_checkpoint_state(self._directory)
@@ -193,7 +223,17 @@ class CheckpointManager:
         ``save_counter`` is incremented even when ``checkpoint_number`` names the checkpoint.
         Returns the new prefix, or None when ``checkpoint_interval`` says it is too early.
         Deletion and the state-file update happen only after the new checkpoint is committed.
+        An existing checkpoint at the prefix is replaced atomically, unless the checkpoint has
+        neither saved nor been restored (see the class docstring).
+
+        Raises:
+            FailedPreconditionError: ``save_counter`` is 0 and the prefix holds a committed
+                checkpoint (nothing is changed, ``save_counter`` included; the message names
+                the checkpoint and the fix), the manager is closed, or it lost its lock.
+            CheckpointError: writing failed, as for ``Checkpoint.write``.
         """
+        self._check_can_write()
+        step: int | None = None
         if self._checkpoint_interval is not None:
             step = _as_int(self._step_counter)
             if self._last_checkpoint_step is not None:
@@ -201,16 +241,54 @@ class CheckpointManager:
                     return None
                 if check_interval and step < self._last_checkpoint_step + self._checkpoint_interval:
                     return None
-            self._last_checkpoint_step = step
         counter = self._checkpoint.save_counter
-        counter.assign(_as_int(counter) + 1)
-        number = _as_int(counter if checkpoint_number is None else checkpoint_number)
+        previous = _as_int(counter)
+        number = previous + 1 if checkpoint_number is None else _as_int(checkpoint_number)
         prefix = f"{self._prefix}-{number}"
         options = options or CheckpointOptions()
+        if previous == 0:  # a new history: it must not replace a committed checkpoint
+            self._refuse_replacing(prefix, options.storage)
+        if step is not None:
+            self._last_checkpoint_step = step
+        counter.assign(previous + 1)
         options = dataclasses.replace(
             options, write_callbacks=(*options.write_callbacks, self._record_and_sweep)
         )
         return self._checkpoint.write(prefix, options=options)
+
+    def _check_can_write(self) -> None:
+        if self._closed:
+            raise FailedPreconditionError(
+                f"this CheckpointManager of {self._directory} is closed; create a new one to "
+                "save again",
+                path=self._directory,
+            )
+        if self._directory_lock is not None:
+            self._directory_lock.check()
+
+    def _refuse_replacing(self, prefix: str, storage: Storage | None) -> None:
+        """Raise if ``prefix`` holds a committed checkpoint (for a checkpoint not restored)."""
+        if not checkpoint_exists(prefix, storage=storage):
+            return
+        store = storage if storage is not None else storage_for(prefix)
+        base = os.path.basename(self._prefix)
+        taken = [
+            int(name[len(base) + 1 : -len(".index")])
+            for name in store.list(self._directory)
+            if name.startswith(f"{base}-") and name.endswith(".index")
+            and name[len(base) + 1 : -len(".index")].isdigit()
+        ]
+        free = max(taken, default=0) + 1
+        latest = f", {self._latest}," if self._latest else ""
+        raise FailedPreconditionError(
+            f"Refusing to replace the committed checkpoint {prefix} ({prefix}.index exists): "
+            "another writer saved it, and this manager's checkpoint has neither saved nor been "
+            "restored (save_counter is 0). Restore first: manager.restore_or_initialize() "
+            f"restores the latest checkpoint{latest} and numbering continues after it; or "
+            f"pass checkpoint_number={free} (or any number not taken). To discard {prefix}, "
+            "delete its files first.",
+            path=prefix,
+        )
 
     def _record_and_sweep(self, save_path: str) -> None:
         if not getattr(self._checkpoint, "is_coordinator", True):
@@ -266,3 +344,27 @@ class CheckpointManager:
     def sync(self) -> None:
         """Block until a pending async save (and this manager's bookkeeping) has finished."""
         self._checkpoint.sync()
+
+    def close(self) -> None:
+        """Wait for a pending async save, then release the directory's writer lock.
+
+        Idempotent. The manager can still restore afterwards, but not save. The lock is also
+        released when the manager is garbage collected or the process exits.
+
+        Raises:
+            CheckpointError: the pending async save failed (the lock is released anyway).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._checkpoint.sync()
+        finally:
+            if self._directory_lock is not None:
+                self._directory_lock.release()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

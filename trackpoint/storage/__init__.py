@@ -9,11 +9,14 @@ from __future__ import annotations
 from trackpoint.storage.base import RangeReader, Storage
 from trackpoint.storage.fsspec import FsspecStorage
 from trackpoint.storage.local import LocalStorage
+from trackpoint.storage.lock import DirectoryLock, LockHolder
 from trackpoint.storage.memory import MemoryStorage
 
 __all__ = [
+    "DirectoryLock",
     "FsspecStorage",
     "LocalStorage",
+    "LockHolder",
     "MemoryStorage",
     "RangeReader",
     "Storage",

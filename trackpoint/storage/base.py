@@ -4,7 +4,9 @@ Call order during a save (all calls come from trackpoint/saving and trackpoint/b
 ``makedirs`` → ``open_write`` (one writer per file, possibly from several threads, each on its
 own file) → ``replace`` (local) → ``sync_dir`` → ``remove``/``remove_tree`` for temporaries.
 During a read: ``exists``/``size`` → ``open_range_reader`` → ``RangeReader.read`` many times
-(thread-safe) → ``RangeReader.close``.
+(thread-safe) → ``RangeReader.close``. A process that saves into a directory first takes its
+writer lock with ``lock_directory`` (management and checkpoint layers) and holds it while it
+saves there (one writer per directory, :mod:`trackpoint.storage.lock`).
 
 Paths are plain strings in the storage's own syntax (a local path, or a URL for fsspec
 backends); ``join``/``dirname``/``basename`` build them so callers never hard-code ``/``.
@@ -21,6 +23,8 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from trackpoint.errors import DataLossError, InvalidArgumentError
+from trackpoint.storage.lease import lease_holder, lock_with_lease
+from trackpoint.storage.lock import DirectoryLock, LockHolder
 
 __all__ = ["RangeReader", "Storage", "write_view"]
 
@@ -147,6 +151,28 @@ class Storage(ABC):
         """Create directory ``path`` and its parents; no error if it exists."""
 
     # -- derived operations -------------------------------------------------------------
+    def lock_directory(self, path: str) -> DirectoryLock:
+        """Take the writer lock of directory ``path`` (creating the directory if needed).
+
+        One writer per directory: a second process asking for the lock of a directory another
+        live process holds fails at once. Within a process the lock is shared: every call
+        returns a new handle and the lock goes with the last handle released. By default this
+        is a best-effort lease object (:mod:`trackpoint.storage.lease`, for object stores);
+        ``LocalStorage`` overrides it with ``flock``, which the OS releases when the holder dies.
+
+        Raises:
+            FailedPreconditionError: another process holds the lock; the message names its
+                host and pid.
+
+        Note for implementers: override both this and :meth:`lock_holder` where the backend
+        has a real lock; the lease needs only ``read_bytes``/``write_bytes``/``remove``.
+        """
+        return lock_with_lease(self, path)
+
+    def lock_holder(self, path: str) -> LockHolder | None:
+        """Who holds directory ``path``'s writer lock, if a live process other than this one."""
+        return lease_holder(self, path)
+
     def sync_dir(self, path: str) -> None:  # noqa: B027 - no-op unless the backend has dirs
         """Make creations and renames inside directory ``path`` durable (no-op by default)."""
 
@@ -256,6 +282,14 @@ class DelegatingStorage(Storage):
     def sync_dir(self, path: str) -> None:
         # docstring inherited
         self.inner.sync_dir(path)
+
+    def lock_directory(self, path: str) -> DirectoryLock:
+        # docstring inherited
+        return self.inner.lock_directory(path)
+
+    def lock_holder(self, path: str) -> LockHolder | None:
+        # docstring inherited
+        return self.inner.lock_holder(path)
 
     def join(self, *parts: str) -> str:
         # docstring inherited

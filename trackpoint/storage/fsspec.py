@@ -53,7 +53,7 @@ class FsspecFile(io.BufferedIOBase):
     def tell(self) -> int:
         return int(self._file.tell())
 
-    def write(self, data: Buffer) -> int:  # type: ignore[override]
+    def write(self, data: Buffer) -> int:
         view = write_view(data, self.name, closed=self.closed)
         try:
             self._file.write(view)

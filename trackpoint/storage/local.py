@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 
 from trackpoint.storage._errors import map_os_error
 from trackpoint.storage.base import RangeReader, Storage, write_view
+from trackpoint.storage.lock import (
+    DirectoryLock,
+    LockHolder,
+    local_lock_holder,
+    lock_local_directory,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Buffer
@@ -61,7 +67,7 @@ class LocalFile(io.BufferedIOBase):
     def tell(self) -> int:
         return self._position
 
-    def write(self, data: Buffer) -> int:  # type: ignore[override]
+    def write(self, data: Buffer) -> int:
         view = write_view(data, self.name, closed=self.closed)
         n = view.nbytes
         if len(self._buffer) + n <= _BUFFER_SIZE:
@@ -263,6 +269,18 @@ class LocalStorage(Storage):
             raise map_os_error(exc, path, "syncing the directory") from exc
         finally:
             os.close(fd)
+
+    def lock_directory(self, path: str) -> DirectoryLock:
+        """Take ``flock`` on ``<path>/.trackpoint.lock``; see ``Storage.lock_directory``.
+
+        The kernel enforces it between processes (NFS included where its locking works) and
+        releases it when the holder exits or is killed: a crashed job needs no cleanup.
+        """
+        return lock_local_directory(_local(path))
+
+    def lock_holder(self, path: str) -> LockHolder | None:
+        # docstring inherited
+        return local_lock_holder(_local(path))
 
     def join(self, *parts: str) -> str:
         # docstring inherited

@@ -2,8 +2,9 @@
 
 Like httpx's ``MockTransport``, it lets tests (ours and users') run the whole save/restore
 path without a disk and provoke failures on purpose: a full disk after N bytes
-(:meth:`MemoryStorage.fail_writes_after`) or any error before any operation
-(:meth:`MemoryStorage.set_fault_hook`). It behaves like a local filesystem by default
+(:meth:`MemoryStorage.fail_writes_after`), any error before any operation
+(:meth:`MemoryStorage.set_fault_hook`), or another process holding a directory's writer lock
+(:meth:`MemoryStorage.set_lock_holder`). It behaves like a local filesystem by default
 (directories must exist, renames are atomic, a file being written is visible as it grows) or
 like an object store with ``supports_atomic_rename=False`` (a file appears whole on close).
 """
@@ -21,6 +22,14 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 from trackpoint.errors import InvalidArgumentError, NotFoundError
 from trackpoint.storage._errors import map_os_error
 from trackpoint.storage.base import RangeReader, Storage, write_view
+from trackpoint.storage.lock import (
+    LOCK_FILENAME,
+    DirectoryLock,
+    HeldLock,
+    LockHolder,
+    acquire_lock,
+    directory_locked_error,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Buffer
@@ -31,7 +40,8 @@ FaultHook = Callable[[str, str], None]
 """Called as ``hook(operation, path)`` before each operation; raise to make it fail.
 
 Operations: ``open_write``, ``write``, ``close``, ``open_range_reader``, ``read``, ``exists``,
-``size``, ``replace``, ``remove``, ``remove_tree``, ``list``, ``makedirs``, ``sync_dir``.
+``size``, ``replace``, ``remove``, ``remove_tree``, ``list``, ``makedirs``, ``sync_dir``,
+``lock_directory``.
 """
 
 _ROOTS = {"", ".", "/"}
@@ -49,6 +59,7 @@ _VERBS = {
     "list": "listing",
     "makedirs": "creating the directory",
     "sync_dir": "syncing the directory",
+    "lock_directory": "locking the directory",
 }
 
 
@@ -70,7 +81,7 @@ class _MemoryFile(io.BufferedIOBase):
     def tell(self) -> int:
         return len(self._content)
 
-    def write(self, data: Buffer) -> int:  # type: ignore[override]
+    def write(self, data: Buffer) -> int:
         view = write_view(data, self.name, closed=self.closed)
         self._storage._fault("write", self.name)
         self._storage._append(self.name, self._content, view)
@@ -102,6 +113,18 @@ class _MemoryRangeReader(RangeReader):
         return self._view[offset : offset + length]
 
 
+class _MemoryLock(HeldLock):
+    """A directory lock of one ``MemoryStorage``: exclusive within this process only."""
+
+    def __init__(self, storage: MemoryStorage, directory: str) -> None:
+        super().__init__(directory, LockHolder.current())
+        self.storage = storage  # keeps the storage (whose id is in the registry key) alive
+
+    def release(self) -> None:
+        # docstring inherited; nothing outside this process to give back
+        pass
+
+
 class MemoryStorage(Storage):
     """Files and directories in a dict; thread-safe; with fault injection for tests.
 
@@ -126,6 +149,7 @@ class MemoryStorage(Storage):
         self._hook: FaultHook | None = None
         self._write_budget: int | None = None
         self._write_error: OSError | None = None
+        self._foreign_locks: dict[str, LockHolder] = {}
 
     def __repr__(self) -> str:
         return f"MemoryStorage({len(self._files)} files, fsync={self.fsync})"
@@ -146,6 +170,18 @@ class MemoryStorage(Storage):
         """Call ``hook(operation, path)`` before every operation (see ``FaultHook``)."""
         with self._lock:
             self._hook = hook
+
+    def set_lock_holder(self, path: str, holder: LockHolder | None) -> None:
+        """Pretend ``holder`` (another process) holds directory ``path``'s lock; None frees it.
+
+        While set, ``lock_directory(path)`` fails as it would against a live other writer and
+        ``lock_holder(path)`` names ``holder``.
+        """
+        with self._lock:
+            if holder is None:
+                self._foreign_locks.pop(_norm(path), None)
+            else:
+                self._foreign_locks[_norm(path)] = holder
 
     def clear_faults(self) -> None:
         """Remove the write limit and the fault hook."""
@@ -302,3 +338,21 @@ class MemoryStorage(Storage):
         if self.fsync:
             with self._lock:
                 self.fsync_count += 1
+
+    def lock_directory(self, path: str) -> DirectoryLock:
+        """Take directory ``path``'s writer lock: shared within this process, as on disk.
+
+        Nothing outside this process can hold it, except as set by :meth:`set_lock_holder`.
+        """
+        self._fault("lock_directory", path)
+        holder = self.lock_holder(path)
+        if holder is not None:
+            raise directory_locked_error(path, posixpath.join(path, LOCK_FILENAME), holder)
+        self.makedirs(path)
+        key = ("memory", str(id(self)), _norm(path))
+        return acquire_lock(key, lambda: _MemoryLock(self, path))
+
+    def lock_holder(self, path: str) -> LockHolder | None:
+        # docstring inherited
+        with self._lock:
+            return self._foreign_locks.get(_norm(path))
