@@ -171,7 +171,9 @@ def test_b11_containers_round_trip(tmp_path):
     assert isinstance(fresh.pair, Pair) and fresh.plain[1] == 7
 
 
-def test_b11_empty_and_plain_int_containers_are_ignored(tmp_path):
+def test_b11_empty_containers_are_ignored_plain_values_are_saved(tmp_path):
+    # Issue 13: TF ignores containers of plain ints; trackpoint saves them (nothing dropped
+    # without a word), so only empty containers are ignored by the assertions.
     model = AutoTrackable()
     model.v = Variable(1.0)
     path = Checkpoint(model=model).save(tmp_path / "ckpt")
@@ -179,14 +181,24 @@ def test_b11_empty_and_plain_int_containers_are_ignored(tmp_path):
     fresh.v = Variable(0.0)
     fresh.empty_list = []
     fresh.empty_dict = {}
+    Checkpoint(model=fresh).restore(path).assert_consumed().assert_existing_objects_matched()
     fresh.ints = [1, 2, 3]
     fresh.int_dict = {"a": 1}
-    Checkpoint(model=fresh).restore(path).assert_consumed().assert_existing_objects_matched()
+    status = Checkpoint(model=fresh).restore(path)
+    with pytest.raises(AssertionError, match=r"model\.ints.*model\.int_dict"):
+        status.assert_existing_objects_matched()
+    status.expect_partial()
     # and the other way round: containers in the checkpoint, none in the program
     path2 = Checkpoint(model=fresh).save(tmp_path / "ckpt2")
     bare = AutoTrackable()
     bare.v = Variable(0.0)
+    bare.empty_list, bare.ints, bare.int_dict = [], [0, 0, 0], {"a": 0}
     Checkpoint(model=bare).restore(path2).assert_consumed()
+    assert bare.ints == [1, 2, 3] and bare.int_dict == {"a": 1}
+    bare2 = AutoTrackable()
+    bare2.v = Variable(0.0)
+    with pytest.raises(AssertionError, match="Unresolved object"):
+        Checkpoint(model=bare2).restore(path2).expect_partial().assert_consumed()
 
 
 # -- B12 -------------------------------------------------------------------------------------
@@ -214,10 +226,19 @@ def test_b12_identity_losing_mutations_make_save_fail(tmp_path, mutate):
 
 
 def test_b12_external_mutation_of_the_original_list(tmp_path):
+    # Rebinding and appending on the original list are adopted (issue 13, the training-loop
+    # pattern); removing tracked elements behind the wrapper's back still fails.
     original = [Variable(1.0)]
     root = AutoTrackable()
     root.items = original
     original.append(Variable(2.0))
+    original[0] = Variable(5.0)
+    path = Checkpoint(root=root).write(tmp_path / "ckpt")
+    fresh = AutoTrackable()
+    fresh.items = [Variable(0.0), Variable(0.0)]
+    Checkpoint(root=fresh).read(path).assert_consumed()
+    assert [v.numpy() for v in fresh.items] == [5.0, 2.0]
+    del original[0]
     with pytest.raises(ValueError, match="Unable to save.*outside the wrapper"):
         Checkpoint(root=root).write(tmp_path / "ckpt")
 

@@ -72,9 +72,9 @@ def test_dict_wrapper_mirrors_and_detects_external_changes():
     del obj.table["a"]
     assert set(obj.table._trackable_children()) == {"b"}
     assert "a" not in original
-    original["c"] = Variable(3.0)
-    with pytest.raises(ValueError, match="Unable to save.*outside the wrapper"):
-        obj.table._trackable_children()
+    original["c"] = Variable(3.0)  # outside the wrapper: adopted at the next save (issue 13)
+    assert set(obj.table._trackable_children()) == {"b", "c"}
+    assert obj.table["c"] is original["c"]
 
 
 def test_dict_non_string_key_with_trackable():

@@ -38,6 +38,7 @@ from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import NotTrackable, Trackable, TrackableReference
 from trackpoint.tracking.base import has_values as has_values_of
 from trackpoint.tracking.python_state import string_scalar
+from trackpoint.tracking.save_check import SaveChecked
 from trackpoint.tracking.slots import SlotOwner
 from trackpoint.tracking.variable import Variable
 
@@ -144,9 +145,11 @@ class ObjectGraphView:
         root = self._root
         if obj is root or (isinstance(root, weakref.ref) and obj is self.root):
             for ref in self._attached:
-                child = ref.ref() if isinstance(ref.ref, weakref.ref) else ref.ref
-                if child is not None:
-                    children.append(TrackableReference(ref.name, child))
+                # A reference may hold a weakref (see the class docstring).
+                held = ref.ref
+                attached: Trackable | None = held() if isinstance(held, weakref.ref) else held
+                if attached is not None:
+                    children.append(TrackableReference(ref.name, attached))
         return children
 
     def breadth_first_traversal(
@@ -259,6 +262,26 @@ def _walk(view: ObjectGraphView, *, skip_slot_variables: bool = False) -> _Walk:
     if not skip_slot_variables:
         _add_slot_variables(walk)
     return walk
+
+
+def _check_slot_variables_reachable(walk: _Walk) -> None:
+    """Every variable an optimizer keeps state for is a node: else its value and its state
+    would be left out of the checkpoint without a word (slots are saved only for variables
+    the walk reaches, tf-checkpoint-format.md §9.2)."""
+    for optimizer in walk.objects:
+        if not isinstance(optimizer, SlotOwner):
+            continue
+        for description, variable in optimizer._slot_variables():
+            trackable = to_trackable(variable)
+            if trackable is not None and id(trackable) in walk.node_ids:
+                continue
+            path = readable_path(walk.paths[id(optimizer)])
+            raise InvalidArgumentError(
+                f"{path} holds {description}, which is not reachable from the checkpoint's "
+                "root: its value and its optimizer state would not be saved. Add the module "
+                "or tensor that owns it to the checkpoint (e.g. tp.Checkpoint(model=model, "
+                "optimizer=optimizer, extra=tensor)), or remove it from the optimizer."
+            )
 
 
 def _add_slot_variables(walk: _Walk) -> None:
@@ -378,9 +401,12 @@ def serialize_graph(
 
     Raises:
         NotImplementedError: a reachable object is a ``NotTrackable`` (semantics A7).
-        InvalidArgumentError: a container cannot be saved ("Unable to save", B12).
+        InvalidArgumentError: a container cannot be saved ("Unable to save", B12), or holds
+            a value that is neither trackable nor plain (names its path).
+        FailedPreconditionError: a value no longer exists (a deleted jax array).
     """
     walk = _walk(view)
+    _check_slot_variables_reachable(walk)
     tensors = TensorsByTrackable()
     registered: dict[str, dict[str, Trackable]] = {}
     bodies: list[bytes] = []  # each node's fields 1-4
@@ -398,6 +424,11 @@ def serialize_graph(
                 "(NotTrackable); keep it out of the object graph (assign it through "
                 "NoDependency) to save this checkpoint"
             )
+        if isinstance(obj, SaveChecked):
+            # A container's entries that are neither trackable nor plain, a deleted jax
+            # array: an error naming the value, never a value silently left out (issue 13).
+            path = walk.paths.get(id(obj))
+            obj._check_saveable(readable_path(path) if path is not None else names[id(obj)])
         refs = children[index] if index < len(children) else []
         if refs:
             child_ids = [node_ids[id(ref.ref)] for ref in refs]

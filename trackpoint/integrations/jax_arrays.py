@@ -32,6 +32,7 @@ from trackpoint.bundle.dtypes import datatype_for
 from trackpoint.bundle.slice_spec import TensorSlice, format_slice_spec
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
+from trackpoint.tracking.save_check import SaveChecked
 
 __all__ = [
     "ArrayLeaf",
@@ -53,7 +54,7 @@ _IMMUTABLE_HINT = (
 
 def is_key_array(value: Any) -> bool:
     """True for a typed PRNG key array (``jax.random.key``), stored as its ``key_data``."""
-    return jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+    return bool(jax.numpy.issubdtype(value.dtype, jax.dtypes.prng_key))
 
 
 def check_storable_dtype(dtype: Any, *, what: str) -> np.dtype[Any]:
@@ -62,7 +63,7 @@ def check_storable_dtype(dtype: Any, *, what: str) -> np.dtype[Any]:
     Raises:
         InvalidArgumentError: no TF DataType exists for it (names ``what``).
     """
-    np_dtype = np.dtype(dtype)
+    np_dtype: np.dtype[Any] = np.dtype(dtype)
     try:
         datatype_for(np_dtype)
     except InvalidArgumentError as exc:
@@ -148,11 +149,22 @@ def host_value(data: jax.Array) -> Callable[[], np.ndarray]:
     return wait
 
 
-class ArrayLeaf(Trackable):
+def _deleted_message(array: jax.Array, where: str) -> str:
+    return (
+        f"{where}: the jax.Array there (shape {tuple(array.shape)}, dtype "
+        f"{array.dtype}) has been deleted, typically because its buffer was donated to a "
+        "jitted function (donate_argnums). Save the arrays the step returned: rebind the entry "
+        "(state['w'] = new_w) or checkpoint the new pytree (tp.Checkpoint(state=new_state)); "
+        "for a Flax NNX model take nnx.state(model) again after the update."
+    )
+
+
+class ArrayLeaf(SaveChecked, Trackable):
     """Adapter: one ``jax.Array`` saved under ``VARIABLE_VALUE``, sliced by its shards.
 
     Made by the adapter registry for every jax array a checkpoint reaches; the adapter holds
-    the array, so a later save sees the same array (rebind the attribute to save new values).
+    the array, so a later save sees the same array (rebind the attribute or the container
+    entry to save new values: containers and pytree views look their entries up at each save).
 
     Raises:
         InvalidArgumentError: the dtype cannot be stored, or the array spans processes.
@@ -167,8 +179,17 @@ class ArrayLeaf(Trackable):
         """The tracked array (never replaced: restoring returns new arrays instead)."""
         return self._array
 
+    def _check_saveable(self, where: str) -> None:
+        # docstring inherited
+        if self._array.is_deleted():
+            raise FailedPreconditionError(_deleted_message(self._array, f"Cannot save {where}"))
+
     def _serialize_to_tensors(self) -> dict[str, Any]:
         # docstring inherited
+        if self._array.is_deleted():  # the graph walk names the path before this is reached
+            raise FailedPreconditionError(
+                _deleted_message(self._array, "Cannot use a tracked jax.Array")
+            )
         array = jax.random.key_data(self._array) if is_key_array(self._array) else self._array
         shape = tuple(array.shape)
         slices = shard_slices(array)
@@ -182,8 +203,8 @@ class ArrayLeaf(Trackable):
             }
         }
 
-    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
-        # docstring inherited
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
+        # docstring inherited: raised before any object of the restore changes
         raise FailedPreconditionError(f"cannot restore a jax.Array in place: {_IMMUTABLE_HINT}")
 
     def __repr__(self) -> str:
@@ -219,8 +240,8 @@ class ScalarLeaf(Trackable):
         # docstring inherited
         return {VARIABLE_VALUE_KEY: self._array}
 
-    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
-        # docstring inherited
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
+        # docstring inherited: raised before any object of the restore changes
         raise FailedPreconditionError(f"cannot restore a scalar in place: {_IMMUTABLE_HINT}")
 
     def __repr__(self) -> str:

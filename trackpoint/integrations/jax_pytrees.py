@@ -11,8 +11,12 @@ arrays (``tp.Variable`` through the adapter registry), Python or numpy scalars
 containers hold nothing and are left out.
 
 Unlike the generic ``DictWrapper``/``ListWrapper``, a ``PyTreeNode`` never modifies the
-container it views, so the user's pytree stays a valid JAX pytree. It reflects the tree as it
-was when tracked: JAX updates make new trees, so attach the new tree before saving it again.
+container it views, so the user's pytree stays a valid JAX pytree. It is a live view: each save
+(and restore) looks the container's entries up again, so the training-loop pattern of rebinding
+entries (``state["w"] = new_w``, JAX arrays being immutable) and views whose leaves change
+(a Flax NNX ``nnx.state(model)``) save the values reachable at the moment of the call, never
+those of an earlier save. Child trackables are reused while an entry holds the same object, so
+identities stay stable between calls, and dropped entries release their arrays.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ def local_name(entry: Any) -> str:
     if isinstance(entry, SequenceKey):
         return str(entry.idx)
     if isinstance(entry, GetAttrKey):
-        return entry.name
+        return str(entry.name)
     if isinstance(entry, FlattenedIndexKey):
         return str(entry.key)
     raise InvalidArgumentError(
@@ -149,8 +153,9 @@ def _is_container(value: Any) -> bool:
 class PyTreeNode(Trackable):
     """A pytree container as a node of the object graph; the container is never modified.
 
-    The whole tree is checked when the node is made; its children are made on first use (the
-    adapter registry makes nodes under its lock, and children come from the registry too).
+    The whole tree is checked when the node is made; its children are looked up again on every
+    ``_trackable_children()`` call (the adapter registry makes nodes under its lock, and
+    children come from the registry too), reusing a child while its entry is the same object.
 
     Args:
         tree: a container pytree (a leaf is not a node: see :func:`leaf_trackable`).
@@ -176,21 +181,32 @@ class PyTreeNode(Trackable):
         return self._tree
 
     def _trackable_children(self) -> dict[str, Trackable]:
-        # docstring inherited
+        # docstring inherited; a live view: entries rebound since the last call are seen
         with self._lock:
-            if self._children is None:
-                self._children = self._make_children()
+            self._children = self._make_children(self._children or {})
             return dict(self._children)
 
-    def _make_children(self) -> dict[str, Trackable]:
+    def _make_children(self, previous: dict[str, Trackable]) -> dict[str, Trackable]:
         children: dict[str, Trackable] = {}
         for name, entry, child in _children(self._tree):
             path = (*self._path, entry)
+            if name in children:
+                raise InvalidArgumentError(
+                    f"two entries of the pytree node {readable(self._path)} get the checkpoint "
+                    f"name {name!r} (one is {readable(path)}); rename one of them"
+                )
+            old = previous.get(name)
             if _is_container(child):
                 if _has_leaves(child):
-                    children[name] = PyTreeNode(child, path)
+                    children[name] = (
+                        old if isinstance(old, PyTreeNode) and old._tree is child
+                        else PyTreeNode(child, path)
+                    )
             elif child is not None:
-                children[name] = leaf_trackable(child, path)
+                children[name] = (
+                    old if isinstance(old, ScalarLeaf) and old.value is child
+                    else leaf_trackable(child, path)
+                )
         fields = getattr(type(self._tree), "_fields", None)
         if isinstance(self._tree, tuple) and fields is not None:
             # Namedtuple fields by index too (B11); the field name comes first, so it is the

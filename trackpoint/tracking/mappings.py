@@ -1,32 +1,50 @@
 """Tracked dicts and tuples (see ``containers.py`` for the rules they share with lists).
 
 A dict's values are tracked under their string keys; a tuple's elements under their index and,
-for a namedtuple, also under the field name (semantics B11).
+for a namedtuple, also under the field name (semantics B11). Plain entries are saved as one
+JSON value per container, as ``containers.py`` describes.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, SupportsIndex
 
-from trackpoint.errors import InvalidArgumentError
+from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import Trackable
 from trackpoint.tracking.containers import (
     NoDependency,
     TrackableDataStructure,
+    holds_trackable,
+    is_tracked_value,
     sticky_attribute_assignment,
     wrap_or_unwrap,
+)
+from trackpoint.tracking.plain_values import (
+    is_plain,
+    is_plain_key,
+    merge_plain,
+    updates_by_index,
 )
 
 __all__ = ["DictWrapper", "TupleWrapper", "wrap_tuple"]
 
+logger = logging.getLogger(__name__)
 
-class DictWrapper(TrackableDataStructure, dict):  # type: ignore[type-arg]
+
+class DictWrapper(TrackableDataStructure, dict[Any, Any]):
     """A dict whose values are tracked under their keys; non-string keys with trackable values
-    and changes to the original dict behind the wrapper's back make saving fail."""
+    make saving fail. Changes made to the original dict behind the wrapper's back (the
+    training-loop pattern ``state["w"] = new_array``) are adopted at the next save or restore.
+    """
+
+    # Set with object.__setattr__ in __init__; declared for type checkers.
+    _self_original: dict[Any, Any]
+    _self_untracked_keys: set[Any]  # keys assigned through NoDependency
 
     def __init__(self, wrapped_dict: Any = None) -> None:
         if wrapped_dict is None:
@@ -35,19 +53,18 @@ class DictWrapper(TrackableDataStructure, dict):  # type: ignore[type-arg]
             wrapped_dict
         )
         object.__setattr__(self, "_self_original", original)
-        object.__setattr__(self, "_self_non_string_key", False)
-        object.__setattr__(self, "_self_external_modification", False)
+        object.__setattr__(self, "_self_untracked_keys", set())
         dict.__init__(self, {k: self._track_value(v, k) for k, v in original.items()})
         self._sync()
 
     def _track_value(self, value: Any, name: Any) -> Any:
+        if isinstance(value, NoDependency):
+            self._self_untracked_keys.add(name)
+            return value.value
+        self._self_untracked_keys.discard(name)
         if isinstance(name, str):
             return sticky_attribute_assignment(self, name, value)
-        no_dependency = isinstance(value, NoDependency)
-        value = wrap_or_unwrap(value)
-        if not no_dependency and to_trackable(value) is not None:
-            object.__setattr__(self, "_self_non_string_key", True)
-        return value
+        return wrap_or_unwrap(value)  # a trackable here makes saving fail (_trackable_children)
 
     def _sync(self) -> None:
         """Mirror the wrapper into the original dict."""
@@ -55,57 +72,132 @@ class DictWrapper(TrackableDataStructure, dict):  # type: ignore[type-arg]
         original.clear()
         original.update(dict.items(self))
 
-    def _check_external_modification(self) -> None:
-        """The original dict differs from the wrapper (compared by key and value identity)."""
-        if self._self_external_modification or self._self_non_string_key:
-            return
+    def _adopt_external_changes(self) -> None:
+        """Take in keys set, rebound or deleted on the original dict (compared by identity), as
+        if done through the wrapper.
+
+        Raises:
+            FailedPreconditionError: an adopted value is an object a restore is waiting for
+                (it would be restored now, not when it was assigned).
+        """
         original = self._self_original
-        if len(original) != dict.__len__(self) or any(
-            not dict.__contains__(self, k) or dict.__getitem__(self, k) is not v
-            for k, v in original.items()
-        ):
-            object.__setattr__(self, "_self_external_modification", True)
+        changed = [
+            key for key, value in original.items()
+            if not dict.__contains__(self, key) or dict.__getitem__(self, key) is not value
+        ]
+        if not changed and len(original) == dict.__len__(self):
+            return
+        for key in changed:
+            if (
+                isinstance(key, str) and self._deferred_dependencies.get(key)
+                and is_tracked_value(original[key])
+            ):
+                raise FailedPreconditionError(
+                    f"The key {key!r} was set on the dict itself (not through the tracked dict) "
+                    "while a checkpoint restore was waiting for it, so the restore could not "
+                    "run when it was assigned. Assign it through the tracked dict (e.g. "
+                    f"ckpt.state[{key!r}] = value) to restore it now, or through NoDependency "
+                    "to leave it out."
+                )
+        for key in [key for key in dict.keys(self) if key not in original]:
+            dict.__delitem__(self, key)
+            self._forget(key)
+        for key in changed:
+            self[key] = original[key]  # tracks it and mirrors the stored (wrapped) value back
+
+    def _forget(self, key: Any) -> None:
+        self._self_untracked_keys.discard(key)
+        if isinstance(key, str):
+            self._untrack(key)
 
     def _trackable_children(self) -> dict[str, Trackable]:
         # docstring inherited
-        self._check_external_modification()
-        if self._self_non_string_key:
+        self._adopt_external_changes()
+        if any(
+            not isinstance(key, str) and not self._is_exempt(key, value)
+            and holds_trackable(value)
+            for key, value in dict.items(self)
+        ):
             raise InvalidArgumentError(
                 f"Unable to save the object {self!r} (a dict wrapper constructed on attribute "
                 "assignment). It has a non-string key mapping to a trackable object; use "
                 "string keys, or assign the dict through NoDependency."
             )
-        if self._self_external_modification:
+        return self._visible_children(super()._trackable_children())
+
+    # -- plain values (see containers.py) ----------------------------------------------------
+
+    def _entries(self) -> list[tuple[Any, Any]]:
+        # docstring inherited
+        return list(dict.items(self))
+
+    def _is_exempt(self, key: Any, value: Any) -> bool:
+        # docstring inherited
+        return key in self._self_untracked_keys
+
+    def _is_plain_key(self, key: Any) -> bool:
+        # docstring inherited
+        return is_plain_key(key)
+
+    def _plain_form(self, plain: list[tuple[Any, Any]]) -> Any:
+        # docstring inherited
+        return dict(plain)
+
+    def _prepare_plain_restore(self, saved: Any) -> Callable[[], None]:
+        # docstring inherited
+        if not isinstance(saved, dict):
             raise InvalidArgumentError(
-                f"Unable to save the object {self!r} (a dict wrapper constructed on attribute "
-                f"assignment). The wrapped dict was modified outside the wrapper (its value is "
-                f"{self._self_original!r}), which breaks restoration on object creation. "
-                "Mutate the attribute, not the original dict, or assign it through NoDependency."
+                f"the checkpoint holds a {type(saved).__name__} as the plain values of a dict; "
+                "was it written for another kind of container?"
             )
-        return super()._trackable_children()
+        held = [
+            key for key in saved
+            if dict.__contains__(self, key)
+            and (self._is_exempt(key, dict.__getitem__(self, key))
+                 or not is_plain(dict.__getitem__(self, key)))
+        ]
+        if held:
+            raise InvalidArgumentError(
+                f"the checkpoint has plain values for the keys {held!r} of a dict, but the "
+                "program holds trackable (or NoDependency) objects there; a checkpointed plain "
+                "value cannot replace them"
+            )
+        kept = [key for key, _ in self._plain_entries() if key not in saved]
+
+        def apply() -> None:
+            for key, value in saved.items():
+                self[key] = merge_plain(dict.get(self, key), value)
+            if kept:
+                logger.warning(
+                    "The checkpoint has no value for the keys %r of a tracked dict; they keep "
+                    "their current values", kept,
+                )
+
+        return apply
+
+    # -- mutations ---------------------------------------------------------------------------
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if isinstance(key, str):
-            old = dict.get(self, key)
-            stored = self._track_value(value, key)
-            if to_trackable(stored) is None and old is not None and to_trackable(old) is not None:
-                self._untrack(key)
-        else:
-            stored = self._track_value(value, key)
+        stored = self._track_value(value, key)
+        if isinstance(key, str) and (
+            key in self._self_untracked_keys or to_trackable(stored) is None
+        ):
+            self._untrack(key)  # the value it replaces may have been tracked
         dict.__setitem__(self, key, stored)
         self._self_original[key] = stored
 
     def __delitem__(self, key: Any) -> None:
         dict.__delitem__(self, key)
-        if isinstance(key, str):
-            self._untrack(key)
+        self._forget(key)
         self._self_original.pop(key, None)
 
-    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def update(self, *args: Any, **kwargs: Any) -> None:
         for key, value in dict(*args, **kwargs).items():
             self[key] = value
 
-    def __ior__(self, other: Any) -> DictWrapper:  # type: ignore[override,misc]
+    # Accepts any mapping or pairs (as dict's does), while dict.__or__ takes dicts only: mypy
+    # reports the pair as incompatible, which is dict's own behaviour.
+    def __ior__(self, other: Any) -> DictWrapper:  # type: ignore[misc]
         self.update(other)
         return self
 
@@ -133,8 +225,15 @@ class DictWrapper(TrackableDataStructure, dict):  # type: ignore[type-arg]
         for key in list(dict.keys(self)):
             del self[key]
 
-    def copy(self) -> DictWrapper:  # type: ignore[override]
-        return DictWrapper(dict(dict.items(self)))
+    def copy(self) -> DictWrapper:
+        return DictWrapper(self._keep_exempt(dict(dict.items(self))))
+
+    def _keep_exempt(self, copies: dict[Any, Any]) -> dict[Any, Any]:
+        """``copies`` of the entries, NoDependency ones wrapped again so copies keep them out."""
+        return {
+            key: NoDependency(value) if key in self._self_untracked_keys else value
+            for key, value in copies.items()
+        }
 
     def __copy__(self) -> DictWrapper:
         return self.copy()
@@ -142,19 +241,21 @@ class DictWrapper(TrackableDataStructure, dict):  # type: ignore[type-arg]
     def __deepcopy__(self, memo: dict[int, Any]) -> DictWrapper:
         copied = DictWrapper.__new__(DictWrapper)
         memo[id(self)] = copied
-        DictWrapper.__init__(copied, copy.deepcopy(dict(dict.items(self)), memo))
+        DictWrapper.__init__(
+            copied, self._keep_exempt(copy.deepcopy(dict(dict.items(self)), memo))
+        )
         return copied
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         return (dict, (dict(dict.items(self)),))
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __repr__(self) -> str:
         return f"DictWrapper({dict.__repr__(self)})"
 
 
-class TupleWrapper(TrackableDataStructure, Sequence):  # type: ignore[type-arg]
+class TupleWrapper(TrackableDataStructure, Sequence[Any]):
     """A tracked tuple or namedtuple: elements by index, namedtuple fields also by name.
 
     A proxy (tuple subclasses cannot be weakly referenced, and the restore coordinator holds
@@ -162,8 +263,17 @@ class TupleWrapper(TrackableDataStructure, Sequence):  # type: ignore[type-arg]
     holds for a namedtuple ``P``, and forwards attribute access (fields, ``_asdict``, …).
     """
 
+    # Set with object.__setattr__ in __init__; declared for type checkers.
+    _self_wrapped: tuple[Any, ...]
+    _self_constructable: bool
+    _self_untracked_indices: frozenset[int]  # elements given through NoDependency
+
     def __init__(self, original: tuple[Any, ...] = ()) -> None:
         add_dependency = [not isinstance(e, NoDependency) for e in original]
+        object.__setattr__(
+            self, "_self_untracked_indices",
+            frozenset(i for i, depend in enumerate(add_dependency) if not depend),
+        )
         elements = [wrap_or_unwrap(e) for e in original]
         fields = getattr(type(original), "_fields", None)
         constructable = True
@@ -200,7 +310,49 @@ class TupleWrapper(TrackableDataStructure, Sequence):  # type: ignore[type-arg]
                 "constructable from its _fields (its __new__ is overridden); wrap it in a "
                 "custom trackable object instead"
             )
-        return super()._trackable_children()
+        return self._visible_children(super()._trackable_children())
+
+    # -- plain values (see containers.py): a tuple is rebuilt, its trackables stay ------------
+
+    def _entries(self) -> list[tuple[Any, Any]]:
+        # docstring inherited
+        return list(enumerate(self._self_wrapped))
+
+    def _is_exempt(self, key: Any, value: Any) -> bool:
+        # docstring inherited
+        return key in self._self_untracked_indices
+
+    def _plain_form(self, plain: list[tuple[Any, Any]]) -> Any:
+        # docstring inherited
+        if len(plain) == len(self._self_wrapped):
+            return [value for _, value in plain]
+        return {str(index): value for index, value in plain}
+
+    def _prepare_plain_restore(self, saved: Any) -> Callable[[], None]:
+        # docstring inherited
+        items = self._entries()
+        if isinstance(saved, list):
+            if len(saved) != len(items) or any(
+                self._is_exempt(i, v) or not is_plain(v) for i, v in items
+            ):
+                raise InvalidArgumentError(
+                    f"the checkpoint holds a tuple of {len(saved)} plain values, but the "
+                    f"program's tuple {self._self_wrapped!r} has {len(items)} elements or "
+                    "holds trackable objects; build it with the saved layout"
+                )
+            updates = dict(enumerate(saved))
+        else:
+            updates = updates_by_index(saved, items, self._is_exempt, what="tuple")
+
+        def apply() -> None:
+            elements = list(self._self_wrapped)
+            for index, value in updates.items():
+                elements[index] = merge_plain(elements[index], value)
+            object.__setattr__(
+                self, "_self_wrapped", _rebuild(type(self._self_wrapped), elements)
+            )
+
+        return apply
 
     def __getitem__(self, index: Any) -> Any:
         return self._self_wrapped[index]
@@ -238,10 +390,18 @@ class TupleWrapper(TrackableDataStructure, Sequence):  # type: ignore[type-arg]
         return repr(self._self_wrapped)
 
     def __copy__(self) -> TupleWrapper:
-        return TupleWrapper(self._self_wrapped)
+        return TupleWrapper(self._keep_exempt(list(self._self_wrapped)))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TupleWrapper:
-        return TupleWrapper(copy.deepcopy(self._self_wrapped, memo))
+        return TupleWrapper(self._keep_exempt(copy.deepcopy(list(self._self_wrapped), memo)))
+
+    def _keep_exempt(self, copies: list[Any]) -> tuple[Any, ...]:
+        """``copies`` of the elements as the wrapped type, NoDependency ones wrapped again."""
+        untracked = self._self_untracked_indices
+        return _rebuild(
+            type(self._self_wrapped),
+            [NoDependency(v) if i in untracked else v for i, v in enumerate(copies)],
+        )
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         return (_rebuild, (type(self._self_wrapped), list(self._self_wrapped)))

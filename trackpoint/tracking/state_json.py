@@ -112,7 +112,7 @@ def _is_tag_like(mapping: Mapping[Any, Any]) -> bool:
 def _encode(value: Any, where: str, default: Default | None) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
-    if isinstance(value, (int, np.integer)) and not isinstance(value, np.bool_):
+    if isinstance(value, (int, np.integer)):  # np.bool_ is neither (bool was handled above)
         return int(value)
     if isinstance(value, np.bool_):
         return bool(value)
@@ -214,12 +214,12 @@ def loads(
     return _decode(parsed, what, hooks or {})
 
 
-class JsonState(PythonState, dict):  # type: ignore[misc]
+class JsonState(PythonState, dict[str, Any]):
     """A dict of plain Python values (ints, floats, strings, lists, numpy arrays) saved as JSON.
 
-    Python numbers in ordinary tracked containers are not checkpointed (as in TensorFlow);
-    keep counters and settings that must survive a restart here. A restore replaces the
-    contents in place, so references to this dict stay valid.
+    Plain values in ordinary tracked dicts and lists are checkpointed too (``plain_values.py``);
+    a JsonState also holds numpy arrays, and a restore replaces its whole contents in place
+    (keys the checkpoint lacks are dropped), so references to this dict stay valid.
 
     Example:
         >>> progress = JsonState(epoch=0, best_loss=float("inf"))
@@ -236,15 +236,23 @@ class JsonState(PythonState, dict):  # type: ignore[misc]
 
     def deserialize(self, data: bytes) -> None:
         # docstring inherited
+        self._prepare_deserialize(data)()
+
+    def _prepare_deserialize(self, data: bytes) -> Callable[[], None]:
+        # docstring inherited
         values = loads(data, what="JsonState")
         if not isinstance(values, dict):
             raise InvalidArgumentError(
                 f"JsonState: the checkpoint holds a {type(values).__name__}, not a dict"
             )
-        self.clear()
-        self.update(values)
+
+        def apply() -> None:
+            self.clear()
+            self.update(values)
+
+        return apply
 
     def __repr__(self) -> str:
         return f"JsonState({dict.__repr__(self)})"
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
