@@ -3,8 +3,12 @@
 A bundle stores each tensor's element type as the ``DataType`` enum. Numeric types map to one
 numpy dtype each (``ml_dtypes`` supplies bfloat16, the float8 family and the sub-byte ints,
 which TensorFlow stores one element per byte exactly as ``ml_dtypes`` lays them out).
-``DT_STRING`` maps to numpy object arrays of ``bytes``; on write, ``S`` and ``U`` arrays and
-object arrays of ``bytes``/``str`` are accepted too.
+``DT_STRING`` maps to numpy object arrays of ``bytes`` (every byte kept: embedded and trailing
+NULs, any length); on write, object arrays of ``bytes``/``str``, numpy 2's variable-width
+``StringDType`` (kind ``T``) and the fixed-width ``S``/``U`` kinds are accepted too (``str`` is
+stored as UTF-8). Fixed-width ``S`` elements are what numpy says they are: NUL-padded, so
+trailing NUL bytes are padding and not saved (TensorFlow reads ``S`` arrays the same way);
+binary values belong in object arrays.
 """
 
 from __future__ import annotations
@@ -65,6 +69,10 @@ class DataType(enum.IntEnum):
 
 
 _D = DataType
+
+# numpy kinds stored as DT_STRING: fixed-width bytes and unicode, object (elements checked when
+# encoded), numpy 2's StringDType.
+_STRING_KINDS = "SUOT"
 
 # Builtin numpy kinds by (kind, itemsize). ml_dtypes types are matched by type first, because
 # float8 types report kind "f" with itemsize 1.
@@ -137,8 +145,9 @@ def _name(value: int) -> str:
 def datatype_for(dtype: np.dtype, *, key: str | None = None) -> DataType:
     """The ``DataType`` under which an array of ``dtype`` is stored.
 
-    Byte order is ignored here (the writer converts to little-endian). ``S``, ``U`` and object
-    dtypes map to ``DT_STRING``; object elements are checked when they are encoded.
+    Byte order is ignored here (the writer converts to little-endian). ``S``, ``U``, object and
+    ``StringDType`` dtypes map to ``DT_STRING``; object elements are checked when they are
+    encoded.
 
     Raises:
         InvalidArgumentError: numpy has no TensorFlow equivalent for ``dtype`` (datetime,
@@ -148,7 +157,7 @@ def datatype_for(dtype: np.dtype, *, key: str | None = None) -> DataType:
     found = _ML_BY_TYPE.get(dtype.type)
     if found is not None:
         return found
-    if dtype.kind in "SUO":
+    if dtype.kind in _STRING_KINDS:
         return _D.DT_STRING
     if dtype.fields is None and dtype.subdtype is None:
         found = _BUILTIN.get((dtype.kind, dtype.itemsize))
@@ -170,7 +179,7 @@ def numpy_dtype_for(datatype: int, *, key: str | None = None, path: str | None =
         InvalidArgumentError: ``datatype`` cannot be represented (DT_VARIANT, DT_RESOURCE,
             reference types, DT_INVALID, or a type this ml_dtypes release lacks).
     """
-    dtype = _NUMPY.get(datatype)  # type: ignore[call-overload]
+    dtype: np.dtype | None = _NUMPY.get(datatype)  # type: ignore[call-overload]
     if dtype is None:
         where = f" of key '{key}'" if key is not None else ""
         where += f" in {path}" if path is not None else ""
@@ -187,10 +196,10 @@ def element_size(datatype: int) -> int | None:
     """Bytes per element on disk, or ``None`` for variable-size types (strings, variants)."""
     if datatype == _D.DT_STRING:
         return None
-    dtype = _NUMPY.get(datatype)  # type: ignore[call-overload]
+    dtype: np.dtype | None = _NUMPY.get(datatype)  # type: ignore[call-overload]
     return None if dtype is None else dtype.itemsize
 
 
 def is_string_dtype(dtype: np.dtype) -> bool:
-    """True for numpy dtypes stored as ``DT_STRING`` (``S``, ``U``, object)."""
-    return np.dtype(dtype).kind in "SUO"
+    """True for numpy dtypes stored as ``DT_STRING`` (``S``, ``U``, object, ``StringDType``)."""
+    return np.dtype(dtype).kind in _STRING_KINDS

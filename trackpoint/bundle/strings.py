@@ -39,6 +39,10 @@ class EncodedStrings:
 def string_elements(array: np.ndarray, key: str) -> list[bytes]:
     """The elements of a string-like array, row-major, as ``bytes`` (``str`` encoded UTF-8).
 
+    Object arrays and ``StringDType`` keep every byte. A fixed-width ``S`` element is numpy's
+    value of it, without the NUL padding (numpy cannot tell trailing NUL bytes from padding;
+    TensorFlow converts ``S`` arrays the same way).
+
     Raises:
         InvalidArgumentError: an object array holds something other than ``bytes``/``str``.
     """
@@ -46,8 +50,8 @@ def string_elements(array: np.ndarray, key: str) -> list[bytes]:
     kind = array.dtype.kind
     if kind == "S":
         return list(flat.tolist())
-    if kind == "U":
-        return [s.encode("utf-8") for s in flat.tolist()]
+    if kind in "UT":  # fixed-width unicode, numpy 2's StringDType: str elements
+        return [s.encode("utf-8", "surrogatepass") for s in flat.tolist()]
     out: list[bytes] = []
     for i, item in enumerate(flat.tolist()):
         if isinstance(item, bytes):

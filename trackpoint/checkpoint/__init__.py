@@ -7,6 +7,13 @@ from trackpoint.checkpoint.load_status import (
     CheckpointLoadStatus,
     InitializationOnlyStatus,
     LoadStatus,
+    NameBasedSaverStatus,
 )
 
-__all__ = ["Checkpoint", "CheckpointLoadStatus", "InitializationOnlyStatus", "LoadStatus"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointLoadStatus",
+    "InitializationOnlyStatus",
+    "LoadStatus",
+    "NameBasedSaverStatus",
+]

@@ -12,6 +12,9 @@ with TF's message fragments, since users catch exactly that:
   object matched a checkpointed value").
 * ``expect_partial()``: silence the warning logged when a partial restore is dropped (C4).
 
+A checkpoint without an object graph (TF1 ``Saver``) gives a :class:`NameBasedSaverStatus`,
+whose three assertions all check that every object that owns values found them by name.
+
 Bookkeeping: the Checkpoint's own ``save_counter`` is not required to be bound when the
 checkpoint has none (a ``write()`` checkpoint read with ``restore()``, semantics D2): it is the
 Checkpoint's numbering, not the program's state.
@@ -19,7 +22,7 @@ Checkpoint's numbering, not the program's state.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from trackpoint._gc import collector_paused
 from trackpoint.graph.keys import SAVE_COUNTER
@@ -33,7 +36,13 @@ if TYPE_CHECKING:
     from trackpoint.checkpoint.restore import RestoreCoordinator
     from trackpoint.saving import CheckpointOptions
 
-__all__ = ["CheckpointLoadStatus", "InitializationOnlyStatus", "LoadStatus"]
+__all__ = [
+    "CheckpointLoadStatus",
+    "InitializationOnlyStatus",
+    "LoadStatus",
+    "NameBasedLoad",
+    "NameBasedSaverStatus",
+]
 
 _SHOW_AT_MOST = 10
 
@@ -216,6 +225,61 @@ class CheckpointLoadStatus(LoadStatus):
                 f"No dependencies have been added to {self._view.root!r} yet."
             )
         return self
+
+    def expect_partial(self) -> Self:
+        # docstring inherited
+        self._coordinator.expect_partial = True
+        return self
+
+
+class NameBasedLoad(Protocol):
+    """What :class:`NameBasedSaverStatus` needs of a name-based load (``name_based``)."""
+
+    prefix: str
+    expect_partial: bool
+
+    def unrestored(self, view: ObjectGraphView) -> list[str]:
+        """Why each reachable object that owns values did not get them from this load."""
+        ...
+
+
+class NameBasedSaverStatus(LoadStatus):
+    """Status of a restore from a name-based (TF1 ``Saver``) checkpoint (``name_based``).
+
+    A checkpoint without an object graph says nothing about which objects should exist, so the
+    three assertions check the same thing, as in TensorFlow: every reachable object that owns
+    values got them from this restore (or a newer one). Checkpoint values no object used do
+    not fail them; the Checkpoint's ``save_counter`` is exempt.
+    """
+
+    def __init__(self, coordinator: NameBasedLoad, view: ObjectGraphView) -> None:
+        self._coordinator = coordinator
+        self._view = view
+        self._root = view.root  # the assertions must see the objects if the Checkpoint goes
+
+    def assert_consumed(self) -> Self:
+        # docstring inherited
+        with collector_paused():  # walks every object of the program's graph
+            missing = self._coordinator.unrestored(self._view)
+        if missing:
+            shown = min(_SHOW_AT_MOST, len(missing))
+            raise AssertionError(
+                f"{len(missing)} objects found no value in the name-based checkpoint "
+                f"{self._coordinator.prefix}; showing {shown}:\n  "
+                + "\n  ".join(missing[:shown])
+                + "\nName them: tp.Variable(name=<TF1 name>), or map their object-based keys "
+                "with tp.CheckpointOptions(name_map={key: <TF1 name>}); or call "
+                "expect_partial() and skip this assertion."
+            )
+        return self
+
+    def assert_existing_objects_matched(self) -> Self:
+        # docstring inherited
+        return self.assert_consumed()
+
+    def assert_nontrivial_match(self) -> Self:
+        # docstring inherited
+        return self.assert_consumed()
 
     def expect_partial(self) -> Self:
         # docstring inherited

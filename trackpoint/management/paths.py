@@ -47,6 +47,10 @@ def resolve_prefix(path: PathLike, *, storage: Storage | None = None) -> str:
             return head
     store = storage if storage is not None else storage_for(path)
     if store.exists(path) and not store.exists(path + ".index"):
+        # A directory first: Lightning checkpoints (tp.lightning) are directories named *.ckpt.
+        latest = latest_checkpoint(path, storage=storage)
+        if latest is not None:
+            return latest
         for suffix, what in _FOREIGN_FORMATS.items():
             if path.endswith(suffix):
                 raise InvalidArgumentError(
@@ -55,9 +59,6 @@ def resolve_prefix(path: PathLike, *, storage: Storage | None = None) -> str:
                     "and TensorFlow can read.",
                     path=path,
                 )
-        latest = latest_checkpoint(path, storage=storage)
-        if latest is not None:
-            return latest
         raise NotFoundError(
             f"{path} is a directory without a committed checkpoint: its `checkpoint` state file "
             "is missing or names no existing checkpoint. Pass a checkpoint prefix such as "
@@ -65,9 +66,9 @@ def resolve_prefix(path: PathLike, *, storage: Storage | None = None) -> str:
             path=path,
         )
     raise NotFoundError(
-        f"Failed to find any matching files for {path}: there is no {path}.index. Checkpoints "
-        "written by save() carry a number suffix (e.g. ckpt-1); pass that prefix, the value "
-        "save() returned, or the directory to use its latest checkpoint "
-        "(tp.latest_checkpoint(directory) finds the newest one).",
+        f"Failed to find any matching files for {path}: there is no {path}.index. You may be "
+        "missing the checkpoint suffix (e.g. the '-1' in 'path/to/ckpt-1'): save() returns the "
+        "full prefix, tp.latest_checkpoint(directory) finds the newest one, and a directory "
+        "stands for its latest checkpoint.",
         path=path,
     )

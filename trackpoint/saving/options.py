@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,10 @@ class CheckpointOptions:
         progress: callable receiving ``trackpoint.saving.ProgressEvent``s during long work.
         storage: the byte backend to read and write through (e.g. an ``FsspecStorage`` over a
             configured filesystem); by default chosen from the prefix (``storage_for``).
+        name_map: for restoring a name-based (TF1 ``Saver``) checkpoint: the TF1 key of a
+            value, given its object-based checkpoint key (``model/w/.ATTRIBUTES/VARIABLE_VALUE``),
+            as a mapping or a function returning None for "no TF1 key"; consulted before
+            ``tp.Variable`` names and torch ``state_dict`` paths.
     """
 
     enable_async: bool = False
@@ -83,6 +87,7 @@ class CheckpointOptions:
     max_staging_bytes: int | None = None
     progress: Callable[[Any], None] | None = None
     storage: Storage | None = None
+    name_map: Mapping[str, str] | Callable[[str], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable_async, bool):
@@ -117,6 +122,13 @@ class CheckpointOptions:
             )
         if self.progress is not None and not callable(self.progress):
             raise InvalidArgumentError("progress must be callable")
+        if self.name_map is not None and not (
+            callable(self.name_map) or isinstance(self.name_map, Mapping)
+        ):
+            raise InvalidArgumentError(
+                "name_map must be a mapping or a function from object-based checkpoint keys to "
+                f"TF1 keys, got {type(self.name_map).__name__}"
+            )
         if self.storage is not None and not isinstance(self.storage, Storage):
             raise InvalidArgumentError(
                 "storage must be a trackpoint.storage.Storage (LocalStorage, FsspecStorage, "

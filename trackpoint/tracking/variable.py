@@ -5,10 +5,13 @@ object, and every reference to it an optimizer or user code holds, stays valid (
 A saved value whose shape or dtype differs is rejected before anything is written (B8).
 Plain numpy arrays become variables through the adapter registry (``tracking/adapters.py``):
 the variable then *shares* the user's array, so restoring it writes into that array.
+String values (``tf.string``) are covered in ``tracking/string_values.py``: a variable built
+from strings holds an object array of ``bytes``; restores never cut a string.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,6 +20,12 @@ import numpy as np
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.tracking.adapters import register_adapter
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
+from trackpoint.tracking.string_values import (
+    check_string_elements,
+    fit_strings,
+    is_string_array,
+    to_bytes_array,
+)
 
 __all__ = ["Variable", "check_restorable"]
 
@@ -24,25 +33,16 @@ _DEFAULT_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
 def _as_value_array(value: Any, dtype: Any = None) -> np.ndarray:
-    array = np.array(value, dtype=dtype, copy=True)
-    if array.dtype == object:
-        raise InvalidArgumentError(
-            f"cannot make a variable of numpy dtype object from {type(value).__name__}; "
-            "use a numeric, bool or fixed-width bytes dtype"
-        )
+    """The variable's own array; strings become an object array of ``bytes`` unless ``dtype``
+    asks for a fixed width (``S``/``U``) or ``StringDType``."""
+    requested = None if dtype is None else np.dtype(dtype)
+    array = np.array(value, dtype=requested, copy=True)
+    if requested is None and array.dtype.kind in "SU" and not isinstance(value, np.ndarray):
+        # numpy's inferred S/U width would drop trailing NUL bytes: keep the elements as given.
+        array = np.array(value, dtype=object)
+    if is_string_array(array) and (requested is None or requested.kind == "O"):
+        return to_bytes_array(array, what="a variable")
     return array
-
-
-def _fit_bytes(saved: np.ndarray, dtype: np.dtype[Any], what: str) -> np.ndarray:
-    """Checkpoint strings (an object array of bytes) as ``dtype`` (fixed-width ``|S<n>``)."""
-    longest = max((len(item) for item in saved.flat), default=0)
-    if longest > dtype.itemsize:
-        raise InvalidArgumentError(
-            f"cannot restore {what}: the checkpoint holds a string of {longest} bytes but its "
-            f"numpy dtype {dtype} holds at most {dtype.itemsize}; use a wider bytes dtype or "
-            "dtype=object"
-        )
-    return saved.astype(dtype)
 
 
 def check_restorable(target: np.ndarray, saved: Any, *, what: str) -> np.ndarray:
@@ -59,8 +59,8 @@ def check_restorable(target: np.ndarray, saved: Any, *, what: str) -> np.ndarray
             f"restore {what} with shape {target.shape}; the checkpoint does not match the "
             "program (build the object with the saved shape)"
         )
-    if target.dtype.kind == "S" and saved_array.dtype == object:
-        saved_array = _fit_bytes(saved_array, target.dtype, what)
+    if is_string_array(target) and is_string_array(saved_array):
+        saved_array = fit_strings(saved_array, target, what=what)
     if saved_array.dtype != target.dtype:
         raise InvalidArgumentError(
             f"Received tensor of dtype {saved_array.dtype} when attempting to restore {what} "
@@ -103,6 +103,7 @@ class Variable(Trackable):
             initial_value = initial_value()
         self._value = _as_value_array(initial_value, dtype)
         self._name = name or "Variable"
+        self._given_name = name
 
     @classmethod
     def wrap(cls, array: np.ndarray, name: str | None = None) -> Variable:
@@ -111,14 +112,12 @@ class Variable(Trackable):
             raise InvalidArgumentError(
                 f"Variable.wrap() needs a numpy ndarray, got {type(array).__name__}"
             )
-        if array.dtype == object:
-            raise InvalidArgumentError(
-                "cannot checkpoint a numpy array of dtype object (it would need pickle); "
-                "use a numeric, bool or fixed-width bytes dtype"
-            )
+        if array.dtype == object:  # strings only: anything else would need pickle
+            check_string_elements(array, what="a numpy array")
         variable = cls.__new__(cls)
         variable._value = array
         variable._name = name or "Variable"
+        variable._given_name = name
         return variable
 
     # -- value access ------------------------------------------------------------------------
@@ -141,9 +140,15 @@ class Variable(Trackable):
         """Write ``value`` into the variable's array in place; returns ``self``.
 
         Raises:
-            InvalidArgumentError: the shape differs or the array is read-only.
+            InvalidArgumentError: the shape differs or the array is read-only; for strings, a
+                value the variable's dtype cannot keep exactly (see ``string_values``).
         """
-        new = np.asarray(value, dtype=self._value.dtype)
+        if is_string_array(self._value):
+            given = np.array(value, dtype=object)
+            new = fit_strings(to_bytes_array(given, what="a value"), self._value,
+                              what=f"a value into variable {self._name!r}")  # fmt: skip
+        else:
+            new = np.asarray(value, dtype=self._value.dtype)
         if new.shape != self._value.shape:
             raise InvalidArgumentError(
                 f"cannot assign a value of shape {new.shape} to variable {self._name!r} of "
@@ -171,6 +176,16 @@ class Variable(Trackable):
     def name(self) -> str:
         return self._name
 
+    @property
+    def given_name(self) -> str | None:
+        """The ``name`` given at construction; None for the default name.
+
+        Name-based (TF1) restores match variables by it, so unnamed variables and tracked
+        arrays never pick up a TF1 checkpoint's default-named ``Variable`` by accident.
+        """
+        given: str | None = getattr(self, "_given_name", None)
+        return given
+
     def __repr__(self) -> str:
         return (
             f"<trackpoint.Variable {self._name!r} shape={self.shape} dtype={self.dtype} "
@@ -181,19 +196,23 @@ class Variable(Trackable):
 
     def _serialize_to_tensors(self) -> dict[str, Any]:
         # docstring inherited
-        return {VARIABLE_VALUE_KEY: self._value}
+        value = self._value
+        if value.dtype.kind == "T":  # StringDType: save str elements (savers copy object arrays)
+            return {VARIABLE_VALUE_KEY: value.astype(object)}
+        return {VARIABLE_VALUE_KEY: value}
 
-    def _restore_from_tensors(self, restored_tensors: Mapping[str, Any]) -> None:
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
         # docstring inherited
         saved, value = restored_tensors[VARIABLE_VALUE_KEY], self._value
         if not (
             type(saved) is np.ndarray  # the usual case, checked without building messages
             and saved.shape == value.shape
             and saved.dtype == value.dtype
+            and not value.dtype.hasobject  # strings are fitted to the holder's element type
             and value.flags.writeable
         ):
             saved = check_restorable(value, saved, what=f"variable {self._name!r}")
-        np.copyto(value, saved, casting="no")
+        return functools.partial(np.copyto, value, saved, casting="no")
 
 
 register_adapter(np.ndarray, Variable.wrap)
