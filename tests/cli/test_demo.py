@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from trackpoint.cli.main import main
@@ -15,6 +17,11 @@ def test_demo_resumes_after_sigkill_with_identical_weights(tmp_path, capsys, bac
     out = capsys.readouterr().out
     assert code == 0, out
     assert "killed with SIGKILL" in out
+    # The step reported is the one committed on disk, and the resumed run starts there.
+    committed = re.search(r"latest committed checkpoint on disk is \S+, step (\d+)", out)
+    resumed = re.search(r"resumed from \S+ at step (\d+)", out)
+    assert committed and resumed, out
+    assert committed.group(1) == resumed.group(1)
     assert "exactly the weights" in out
     kept = sorted(p.name for p in (tmp_path / "crashed").glob("ckpt-*.index"))
     assert kept == ["ckpt-4.index", "ckpt-5.index", "ckpt-6.index"]

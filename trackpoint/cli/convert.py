@@ -1,8 +1,10 @@
 """``trackpoint convert SRC DST``: between checkpoints, torch state_dicts and safetensors.
 
-The formats come from the file names (``.safetensors``; ``.pt``/``.pth``/``.bin``; anything
-else is a checkpoint prefix), or from ``--from``/``--to``. Works without TensorFlow; the torch
-format needs torch. Wired into ``trackpoint`` by :func:`add_parser`.
+The formats come from the file names (``.safetensors``; ``.pt``/``.pth``/``.bin``; a checkpoint
+prefix has no extension, or ``.ckpt``; other extensions such as ``.onnx`` are refused), or from
+``--from``/``--to``. A tied weight goes under each of its names (``--no-aliases``: its first).
+Works without TensorFlow; the torch format needs torch. Wired into ``trackpoint`` by
+:func:`add_parser`.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import argparse
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
-from trackpoint.cli.progress import ByteProgress, human_bytes
+from trackpoint.cli.output import Column, Output
+from trackpoint.cli.progress import human_bytes
 from trackpoint.convert.convert import FORMATS, ConversionResult, convert
 from trackpoint.convert.key_map import KeyMap
 
@@ -24,7 +27,7 @@ _SHOW_SKIPPED = 20
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``convert`` subcommand to ``trackpoint``'s subparsers; returns its parser."""
-    parser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = subparsers.add_parser(
         "convert",
         help="convert between checkpoints, torch state_dict files and safetensors",
         description=(
@@ -49,6 +52,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--to", dest="dst_format", choices=FORMATS, help="destination format")
     parser.add_argument("--force", action="store_true", help="overwrite an existing DST")
     parser.add_argument(
+        "--no-aliases", dest="aliases", action="store_false",
+        help="write a value reachable by several object paths (a tied weight) under its first "
+        "name only; by default it gets every name module.state_dict() gives it",
+    )
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="list every converted and skipped value"
     )
     parser.set_defaults(func=cmd_convert)
@@ -59,9 +67,10 @@ def _run(args: argparse.Namespace, console: Console, key_map: KeyMap | None) -> 
     kwargs: dict[str, Any] = {
         "key_map": key_map, "root": args.root, "source_format": args.src_format,
         "destination_format": args.dst_format, "overwrite": args.force,
+        "aliases": getattr(args, "aliases", True),
     }
     # A bar (bytes, rate, time left) only for large conversions on a terminal.
-    with ByteProgress(console, "converting") as bar:
+    with Output(console).progress("converting") as bar:
         return convert(args.src, args.dst, progress=bar.update, **kwargs)
 
 
@@ -69,24 +78,20 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
     """Run ``trackpoint convert``; returns the exit code (errors propagate as CheckpointError)."""
     key_map = KeyMap.load(args.map_file) if args.map_file else None
     result = _run(args, console, key_map)
-    console.print(
-        f"[bold green]wrote[/] {result.destination} ({result.destination_format}): "
-        f"{len(result.names)} tensors, {human_bytes(result.nbytes)} from {result.source} "
-        f"({result.source_format})",
-        highlight=False,
+    out = Output(console)
+    out.line(
+        f"[bold green]wrote[/] {escape(result.destination)} ({result.destination_format}): "
+        f"{len(result.names)} tensors, {human_bytes(result.nbytes)} from "
+        f"{escape(result.source)} ({result.source_format})"
     )
     if args.verbose and result.names:
-        table = Table(title="converted", title_justify="left")
-        table.add_column("source", overflow="fold")
-        table.add_column("destination", overflow="fold")
-        for source, destination in result.names:
-            table.add_row(source, destination)
-        console.print(table)
+        out.table([Column("source", fold=True), Column("destination", fold=True)],
+                  [list(pair) for pair in result.names], title="converted")
     if result.skipped:
         shown = result.skipped if args.verbose else result.skipped[:_SHOW_SKIPPED]
-        console.print(f"skipped {len(result.skipped)}:", highlight=False)
+        out.line(f"skipped {len(result.skipped)}:")
         for name, reason in shown:
-            console.print(f"  {name}  [dim]({reason})[/]", highlight=False)
+            out.line(f"  {escape(name)}  [dim]({escape(reason)})[/]")
         if len(shown) < len(result.skipped):
-            console.print(f"  … {len(result.skipped) - len(shown)} more (-v lists all)")
+            out.line(f"  … {len(result.skipped) - len(shown)} more (-v lists all)")
     return 0

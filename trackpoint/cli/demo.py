@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from trackpoint.cli.output import Output
+
 __all__ = ["run", "train"]
 
 SAVE_EVERY = 10
@@ -209,6 +211,15 @@ def _saves_table(saves: list[dict[str, Any]], last: int = 8) -> Table:
     return table
 
 
+def _committed_step(prefix: str | None) -> int | None:
+    """The training step stored in the checkpoint ``prefix`` (read from disk)."""
+    if prefix is None:
+        return None
+    import trackpoint as tp
+
+    return int(tp.load_variable(prefix, "step"))
+
+
 def _dir_bytes(directory: str) -> int:
     return sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)
                if os.path.isfile(os.path.join(directory, f)))
@@ -220,25 +231,25 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return _worker(args)
     import trackpoint as tp
 
+    out = Output(console)  # plain, unwrapped lines when piped
     root = args.dir or tempfile.mkdtemp(prefix="trackpoint-demo-")
     crashed, clean = os.path.join(root, "crashed"), os.path.join(root, "clean")
     rng = random.Random()
     backend = "torch" if args.backend == "torch" or (
         args.backend == "auto" and _torch_available()) else "numpy"
-    console.print(f"[bold]trackpoint demo[/] in {root}: {backend_run(backend, 0).name}, "
-                  f"{args.steps} steps, a checkpoint every {SAVE_EVERY}, keeping {MAX_TO_KEEP}")
+    out.line(f"[bold]trackpoint demo[/] in {root}: {backend_run(backend, 0).name}, "
+             f"{args.steps} steps, a checkpoint every {SAVE_EVERY}, keeping {MAX_TO_KEEP}")
 
     # 1. Train in a child and SIGKILL it at a random moment: after a random number of
     # checkpoints, a random fraction of a second later (mid-step or mid-save).
     proc = _spawn(crashed, args.steps, args.seed, backend)
     assert proc.stdout is not None
     kill_after_saves = rng.randint(1, max(1, args.steps // SAVE_EVERY // 2))
-    killed_after, saved = None, []
+    saved: list[dict[str, Any]] = []
     with Live(_saves_table(saved), console=console, auto_refresh=False) as live:
         for line in proc.stdout:
             event = json.loads(line)
             if event["event"] == "saved":
-                killed_after = event["step"]
                 saved.append(event)
                 live.update(_saves_table(saved), refresh=True)
                 if len(saved) >= kill_after_saves:
@@ -246,20 +257,28 @@ def run(args: argparse.Namespace, console: Console) -> int:
     time.sleep(rng.uniform(0.0, 0.3))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    # What happened is on disk: the child kept training (and maybe saving) after the last
+    # event read above, until the signal landed.
     latest = tp.latest_checkpoint(crashed)
-    console.print(f"1. training process killed with SIGKILL after its checkpoint at step "
-                  f"{killed_after}; latest committed checkpoint: [cyan]{latest}[/]")
+    disk_step = _committed_step(latest)
+    out.line(f"1. training process killed with SIGKILL (running since its checkpoint at "
+             f"step {saved[-1]['step']}); the latest committed checkpoint on disk is "
+             f"[cyan]{latest}[/], step {disk_step}")
 
     # 2. Resume in a fresh process.
     resume = _events(_spawn(crashed, args.steps, args.seed, backend))
     start = resume[0]
-    console.print(f"2. resumed from {start['resumed_from']} at step {start['step']} and "
-                  f"trained to step {resume[-1]['step']}")
+    out.line(f"2. resumed from {start['resumed_from']} at step {start['step']} and "
+             f"trained to step {resume[-1]['step']}")
+    if start["step"] != disk_step:
+        out.line(f"[bold red]FAILED[/]: the resumed run started at step {start['step']} "
+                 f"from {start['resumed_from']}, not at the committed step {disk_step}")
+        return 1
 
     # 3. The reference: one uninterrupted run.
     reference = _events(_spawn(clean, args.steps, args.seed, backend))
-    console.print(f"3. reference run without interruption finished at step "
-                  f"{reference[-1]['step']}")
+    out.line(f"3. reference run without interruption finished at step "
+             f"{reference[-1]['step']}")
 
     # 4. Compare every tensor of the final states bit for bit.
     mismatched = []
@@ -287,8 +306,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     table.add_row("tensors compared", str(len(keys)))
     console.print(table)
     if mismatched:
-        console.print(f"[bold red]FAILED[/]: {len(mismatched)} tensors differ: {mismatched}")
+        out.line(f"[bold red]FAILED[/]: {len(mismatched)} tensors differ: {mismatched}")
         return 1
-    console.print("[bold green]OK[/]: the resumed run ended with exactly the weights of the "
-                  "uninterrupted run")
+    out.line("[bold green]OK[/]: the resumed run ended with exactly the weights of the "
+             "uninterrupted run")
     return 0

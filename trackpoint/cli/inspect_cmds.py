@@ -1,21 +1,73 @@
-"""``trackpoint ls | info | verify | cat | objects``: read-only views of a checkpoint."""
+"""``trackpoint ls | info | verify | cat | objects``: read-only views of a checkpoint.
+
+Each prints a rich table on a terminal, unwrapped plain lines in a pipe, and with ``--json``
+one JSON document (see :mod:`trackpoint.cli.output`). ``verify`` reports damage, including an
+index that does not parse, and exits with 1.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 from trackpoint.bundle import BundleReader, DataType, data_filename, index_filename
-from trackpoint.cli.progress import ByteProgress, human_bytes
-from trackpoint.errors import CheckpointError
+from trackpoint.cli.names import resolve_key
+from trackpoint.cli.output import Column, Output
+from trackpoint.cli.progress import human_bytes
+from trackpoint.errors import CheckpointError, DataLossError, InvalidArgumentError
 from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.reader import CheckpointReader
 from trackpoint.storage import storage_for
 
-__all__ = ["cmd_cat", "cmd_info", "cmd_ls", "cmd_objects", "cmd_verify", "data_file_sizes"]
+__all__ = [
+    "add_parsers",
+    "cmd_cat",
+    "cmd_info",
+    "cmd_ls",
+    "cmd_objects",
+    "cmd_verify",
+    "data_file_sizes",
+]
+
+_PATH_HELP = "checkpoint prefix, one of its files, or a directory (its latest checkpoint)"
+
+
+def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ls``, ``info``, ``verify``, ``cat`` and ``objects`` to ``trackpoint``."""
+    p = subparsers.add_parser("ls", help="list tensors: key, dtype, shape, bytes")
+    p.add_argument("path", help=_PATH_HELP)
+    p.add_argument("--stats", action="store_true", help="also show size, shards, bytes per shard")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list of {key, dtype, shape, bytes, slices}")
+    p.set_defaults(func=cmd_ls)
+
+    p = subparsers.add_parser("info", help="size, shard count and bytes per data file")
+    p.add_argument("path", help=_PATH_HELP)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=cmd_info)
+
+    p = subparsers.add_parser(
+        "verify", help="check every tensor's checksum; exit 1 and a report on damage"
+    )
+    p.add_argument("path", help=_PATH_HELP)
+    p.add_argument("--json", action="store_true", help="print {ok, damaged: [...]} as JSON")
+    p.set_defaults(func=cmd_verify)
+
+    p = subparsers.add_parser("cat", help="print one tensor")
+    p.add_argument("path", help=_PATH_HELP)
+    p.add_argument(
+        "key", help="checkpoint key (model/w/.ATTRIBUTES/VARIABLE_VALUE) or object path "
+        "(model.w, model/w)",
+    )
+    p.set_defaults(func=cmd_cat)
+
+    p = subparsers.add_parser("objects", help="show the object graph as paths")
+    p.add_argument("path", help=_PATH_HELP)
+    p.add_argument("--json", action="store_true", help="print the nodes as JSON")
+    p.set_defaults(func=cmd_objects)
 
 
 def _dtype_name(reader: BundleReader, key: str) -> str:
@@ -34,114 +86,176 @@ def data_file_sizes(prefix: str, num_shards: int) -> list[tuple[str, int]]:
     return out
 
 
+def _tensor_rows(reader: BundleReader) -> list[dict[str, Any]]:
+    rows = []
+    for key in reader.keys():
+        rows.append({
+            "key": key, "dtype": _dtype_name(reader, key), "shape": list(reader.shape(key)),
+            "bytes": reader.stored_bytes(key),
+            "slices": len(reader.slices(key)) if reader.entry(key).slices else 0,
+        })  # fmt: skip
+    return rows
+
+
 def cmd_ls(args: argparse.Namespace, console: Console) -> int:
+    """Run ``trackpoint ls``."""
+    out = Output(console, json=args.json)
+    if args.json and args.stats:
+        raise InvalidArgumentError(
+            "ls --json lists tensors only; for files and shards as JSON use `trackpoint info "
+            "--json PATH`"
+        )
     prefix = resolve_prefix(args.path)
     with BundleReader(prefix) as reader:
-        table = Table(title=prefix, title_justify="left")
-        table.add_column("key", overflow="fold")
-        table.add_column("dtype")
-        table.add_column("shape")
-        table.add_column("bytes", justify="right")
-        total = 0
-        for key in reader.keys():
-            nbytes = reader.stored_bytes(key)
-            total += nbytes
-            shape = "[" + ", ".join(str(d) for d in reader.shape(key)) + "]"
-            sliced = f" ({len(reader.slices(key))} slices)" if reader.entry(key).slices else ""
-            table.add_row(key, _dtype_name(reader, key), shape + sliced, f"{nbytes:,}")
-        console.print(table)
-        console.print(f"{len(reader.keys())} tensors, {human_bytes(total)}")
+        tensors = _tensor_rows(reader)
+        if out.json_mode:
+            out.json(tensors)
+            return 0
+        out.table(
+            [Column("key", fold=True), Column("dtype"), Column("shape"), Column("bytes", "right")],
+            [[t["key"], t["dtype"], "[" + ", ".join(map(str, t["shape"])) + "]"
+              + (f" ({t['slices']} slices)" if t["slices"] else ""), f"{t['bytes']:,}"]
+             for t in tensors],
+            title=prefix,
+        )  # fmt: skip
+        out.line(f"{len(tensors)} tensors, {human_bytes(sum(t['bytes'] for t in tensors))}")
         if args.stats:
-            _print_stats(prefix, reader.num_shards, console)
+            _print_files(out, _files(prefix, reader.num_shards))
     return 0
 
 
-def _print_stats(prefix: str, num_shards: int, console: Console) -> None:
+def _files(prefix: str, num_shards: int) -> dict[str, Any]:
     """The checkpoint's files and sizes: what ``trackpoint.metrics`` records for a save."""
     storage = storage_for(prefix)
     files = data_file_sizes(prefix, num_shards)
     index_bytes = storage.size(index_filename(prefix))
-    total = index_bytes + sum(max(size, 0) for _, size in files)
-    table = Table(title="files", title_justify="left")
-    table.add_column("file")
-    table.add_column("bytes", justify="right")
-    table.add_column("share", justify="right")
+    return {
+        "prefix": prefix,
+        "index": {"file": storage.basename(index_filename(prefix)), "bytes": index_bytes},
+        "data": [{"file": name, "bytes": size if size >= 0 else None} for name, size in files],
+        "num_shards": num_shards,
+        "total_bytes": index_bytes + sum(max(size, 0) for _, size in files),
+        "missing": [name for name, size in files if size < 0],
+    }
+
+
+def _print_files(out: Output, info: dict[str, Any]) -> None:
+    total = info["total_bytes"]
 
     def share(size: int) -> str:
         return f"{100 * size / total:.1f}%" if total else "-"
 
-    table.add_row(storage.basename(index_filename(prefix)), f"{index_bytes:,}", share(index_bytes))
-    for name, size in files:
-        table.add_row(name, *(("missing", "-") if size < 0 else (f"{size:,}", share(size))))
-    console.print(table)
-    missing = sum(1 for _, size in files if size < 0)
+    index = info["index"]
+    rows = [[index["file"], f"{index['bytes']:,}", share(index["bytes"])]]
+    for item in info["data"]:
+        size = item["bytes"]
+        rows.append([item["file"], *(("missing", "-") if size is None
+                                      else (f"{size:,}", share(size)))])  # fmt: skip
+    out.table(
+        [Column("file", fold=True), Column("bytes", "right"), Column("share", "right")],
+        rows, title="files",
+    )  # fmt: skip
+    missing = len(info["missing"])
     note = f", [bold red]{missing} missing[/]" if missing else ""
-    console.print(
-        f"checkpoint size {human_bytes(total)} ({total:,} bytes), {num_shards} shard(s){note}"
-    )
+    out.line(f"checkpoint size {human_bytes(total)} ({total:,} bytes), "
+             f"{info['num_shards']} shard(s){note}")
 
 
 def cmd_info(args: argparse.Namespace, console: Console) -> int:
+    """Run ``trackpoint info``."""
+    out = Output(console, json=args.json)
     prefix = resolve_prefix(args.path)
     with BundleReader(prefix) as reader:
-        _print_stats(prefix, reader.num_shards, console)
+        info = _files(prefix, reader.num_shards)
+    if out.json_mode:
+        out.json(info)
+    else:
+        _print_files(out, info)
     return 0
+
+
+def _verify(prefix: str, out: Output) -> tuple[list[tuple[str, str]], int, int]:
+    """(damaged key or file, problem) pairs, tensors checked, bytes checked."""
+    try:
+        reader = BundleReader(prefix)
+    except DataLossError as exc:  # the index itself is damaged: that is damage, not usage
+        return [(index_filename(prefix), str(exc))], 0, 0
+    problems: list[tuple[str, str]] = []
+    with reader, out.progress("verifying") as bar:
+        keys = reader.keys()
+        sizes = {}
+        for key in keys:
+            try:
+                sizes[key] = reader.stored_bytes(key)
+            except CheckpointError as exc:
+                problems.append((key, str(exc)))
+        total, done = sum(sizes.values()), 0
+        for key in sizes:
+            try:
+                reader.verify(key)
+            except CheckpointError as exc:  # checksum, short file, missing data file
+                problems.append((key, str(exc)))
+            done += sizes[key]
+            bar.update(done, total)
+    return problems, len(keys), total
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    """Run ``trackpoint verify``: exit 1 when anything is damaged, with a report on stderr."""
+    out = Output(console, json=args.json)
     prefix = resolve_prefix(args.path)
-    problems: list[tuple[str, str]] = []
-    with BundleReader(prefix) as reader:
-        keys = reader.keys()
-        sizes = {key: reader.stored_bytes(key) for key in keys}
-        total, done = sum(sizes.values()), 0
-        with ByteProgress(console, "verifying") as bar:  # large checkpoints on a terminal
-            for key in keys:
-                try:
-                    reader.verify(key)
-                except CheckpointError as exc:
-                    problems.append((key, str(exc)))
-                done += sizes[key]
-                bar.update(done, total)
-    if problems:
-        table = Table(title=f"damaged tensors in {prefix}", title_justify="left")
-        table.add_column("key", overflow="fold")
-        table.add_column("problem", overflow="fold")
-        for key, msg in problems:
-            table.add_row(key, msg)
-        Console(stderr=True).print(table)
-        Console(stderr=True).print(
-            f"[bold red]FAILED[/]: {len(problems)} of {len(keys)} tensors are damaged"
-        )
-        return 1
-    total = sum(sizes.values())
-    console.print(
-        f"[bold green]OK[/]: {len(keys)} tensors, {human_bytes(total)}, every checksum matches"
-    )
-    return 0
+    problems, count, total = _verify(prefix, out)
+    if out.json_mode:
+        out.json({
+            "prefix": prefix, "ok": not problems, "tensors": count, "bytes": total,
+            "damaged": [{"key": key, "problem": msg} for key, msg in problems],
+        })  # fmt: skip
+    elif problems:
+        out.error_table([Column("key", fold=True), Column("problem", fold=True)],
+                        [list(p) for p in problems], title=f"damaged in {prefix}")
+        what = f"{len(problems)} of {count} tensors are damaged" if count else (
+            "the index is damaged")
+        out.error(f"[bold red]FAILED[/]: {what}")
+    else:
+        out.line(f"[bold green]OK[/]: {count} tensors, {human_bytes(total)}, "
+                 "every checksum matches")
+    return 1 if problems else 0
 
 
 def cmd_cat(args: argparse.Namespace, console: Console) -> int:
+    """Run ``trackpoint cat``: the key may be a checkpoint key or a readable object path."""
     prefix = resolve_prefix(args.path)
-    with BundleReader(prefix) as reader:
-        value = reader.read(args.key)
-    with np.printoptions(threshold=1000, linewidth=max(80, console.width)):
-        sys.stdout.write(f"{args.key}: dtype={value.dtype} shape={list(value.shape)}\n")
-        sys.stdout.write(repr(value) + "\n")
+    with CheckpointReader(prefix) as reader:
+        key = resolve_key(reader, args.key)
+        value = reader.get_tensor(key)
+    width = console.width if console.is_terminal else 10**6
+    with np.printoptions(threshold=1000, linewidth=max(80, width)):
+        console.file.write(f"{key}: dtype={value.dtype} shape={list(value.shape)}\n")
+        console.file.write(repr(value) + "\n")
     return 0
 
 
 def cmd_objects(args: argparse.Namespace, console: Console) -> int:
-    from trackpoint.graph.walk import node_names, object_metadata
+    """Run ``trackpoint objects``."""
+    from trackpoint.graph.walk import node_names
+    from trackpoint.management.inspection import object_metadata
 
+    out = Output(console, json=args.json)
     prefix = resolve_prefix(args.path)
     graph = object_metadata(prefix)
-    table = Table(title=prefix, title_justify="left")
-    table.add_column("node", justify="right")
-    table.add_column("path", overflow="fold")
-    table.add_column("attributes", overflow="fold")
-    for node_id, path in sorted(node_names(graph).items()):
-        attrs = ", ".join(a.name for a in graph.nodes[node_id].attributes)
-        table.add_row(str(node_id), path, attrs)
-    console.print(table)
+    names = node_names(graph)
+    if out.json_mode:
+        out.json([
+            {"node": node_id, "path": names[node_id],
+             "attributes": [{"name": a.name, "key": a.checkpoint_key} for a in node.attributes],
+             "children": [{"name": c.local_name, "node": c.node_id} for c in node.children]}
+            for node_id, node in enumerate(graph.nodes)
+        ])  # fmt: skip
+        return 0
+    out.table(
+        [Column("node", "right"), Column("path", fold=True), Column("attributes", fold=True)],
+        [[str(node_id), path, ", ".join(a.name for a in graph.nodes[node_id].attributes)]
+         for node_id, path in sorted(names.items())],
+        title=prefix,
+    )  # fmt: skip
     return 0

@@ -1,51 +1,49 @@
-"""The ``trackpoint`` command: inspect, verify and convert checkpoints; run the demo.
+"""The ``trackpoint`` command: inspect, compare, verify and convert checkpoints; run the demo.
 
 Works on any TensorFlow V2 checkpoint, including ones TensorFlow wrote, without TensorFlow.
+Exit status (:data:`EXIT_OK`, :data:`EXIT_DAMAGE`, :data:`EXIT_USAGE`): 0 success; 1 damage
+found (a checksum, a truncated or missing file, an index that does not parse; also ``diff
+--exit-code`` when the checkpoints differ); 2 usage errors and anything not found (no such
+checkpoint, key or object path, bad arguments).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from rich.console import Console
 
 from trackpoint.cli import convert as convert_cmd
-from trackpoint.cli import inspect_cmds
+from trackpoint.cli import diff, inspect_cmds, report, stats, tree
 
-__all__ = ["main"]
+__all__ = ["EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
+
+EXIT_OK = 0
+EXIT_DAMAGE = 1
+EXIT_USAGE = 2
+
+_EPILOG = (
+    "Output: rich tables on a terminal, one unwrapped line per row in a pipe, JSON with --json "
+    "(ls, info, objects, verify, diff, stats, tree). Exit status: 0 ok, 1 damage found (or "
+    "diff --exit-code: the checkpoints differ), 2 usage error or not found."
+)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trackpoint",
-        description="Inspect, verify and convert TensorFlow-compatible checkpoints.",
+        description="Inspect, compare, verify and convert TensorFlow-compatible checkpoints.",
+        epilog=_EPILOG,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("ls", help="list tensors: key, dtype, shape, bytes")
-    p.add_argument("path", help="checkpoint prefix, or a directory (its latest checkpoint)")
-    p.add_argument("--stats", action="store_true", help="also show size, shards, bytes per shard")
-    p.set_defaults(func=inspect_cmds.cmd_ls)
-
-    p = sub.add_parser("info", help="size, shard count and bytes per shard")
-    p.add_argument("path")
-    p.set_defaults(func=inspect_cmds.cmd_info)
-
-    p = sub.add_parser("verify", help="check every tensor's checksum; exit 1 on damage")
-    p.add_argument("path")
-    p.set_defaults(func=inspect_cmds.cmd_verify)
-
-    p = sub.add_parser("cat", help="print one tensor")
-    p.add_argument("path")
-    p.add_argument("key", help="checkpoint key, e.g. model/w/.ATTRIBUTES/VARIABLE_VALUE")
-    p.set_defaults(func=inspect_cmds.cmd_cat)
-
-    p = sub.add_parser("objects", help="show the object graph as paths")
-    p.add_argument("path")
-    p.set_defaults(func=inspect_cmds.cmd_objects)
-
+    inspect_cmds.add_parsers(sub)
+    stats.add_parser(sub)
+    diff.add_parser(sub)
+    tree.add_parser(sub)
+    report.add_parser(sub)
     convert_cmd.add_parser(sub)
 
     p = sub.add_parser(
@@ -69,17 +67,44 @@ def _run_demo(args: argparse.Namespace, console: Console) -> int:
     return demo.run(args, console)
 
 
+def _error(message: str) -> None:
+    stderr = Console(stderr=True, soft_wrap=True, highlight=False)
+    if stderr.is_terminal:
+        stderr.print("[bold red]error:[/] ", end="")
+        stderr.out(message, highlight=False)
+    else:
+        sys.stderr.write(f"error: {message}\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``trackpoint`` console script; returns the exit code."""
-    args = _parser().parse_args(argv)
-    console = Console()
-    from trackpoint.errors import CheckpointError
+    """Entry point of the ``trackpoint`` console script; returns the exit status.
+
+    Usage errors return 2 (argparse's status) instead of raising ``SystemExit``, so callers
+    and tests get a number for every outcome.
+    """
+    from trackpoint.errors import CheckpointError, DataLossError
 
     try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    console = Console()
+    try:
         return int(args.func(args, console) or 0)
+    except DataLossError as exc:
+        _error(str(exc))
+        return EXIT_DAMAGE
     except CheckpointError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
-        return 2
+        _error(str(exc))
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader of a pipe stopped early (`trackpoint ls PATH | head`): not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except OSError as exc:  # e.g. report -o into a missing directory
+        _error(str(exc))
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from trackpoint._types import PathLike, fspath
+from trackpoint.convert.formats import FORMATS, check_format, detect_format
 from trackpoint.convert.key_map import KeyMap
 from trackpoint.convert.safetensors_format import read_safetensors, write_safetensors
 from trackpoint.errors import (
@@ -39,6 +40,7 @@ from trackpoint.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from trackpoint.graph.aliases import alias_keys
 from trackpoint.graph.keys import ATTRIBUTES, OBJECT_GRAPH_KEY, split_checkpoint_key
 from trackpoint.graph.walk import ObjectGraphView, serialize_graph
 from trackpoint.management.reader import CheckpointReader
@@ -57,8 +59,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("checkpoint", "torch", "safetensors")
-_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 _SLOT_MARKER = "/.OPTIMIZER_SLOT/"
 
 Progress = Callable[[int, int], None]
@@ -79,23 +79,6 @@ class ConversionResult:
     """(source name, reason) of every value left out."""
     nbytes: int
     """Bytes of tensor data written."""
-
-
-def detect_format(path: PathLike) -> str:
-    """``"safetensors"``, ``"torch"`` or ``"checkpoint"`` from the file name."""
-    name = fspath(path).lower()
-    if name.endswith(".safetensors"):
-        return "safetensors"
-    if name.endswith(_TORCH_SUFFIXES):
-        return "torch"
-    return "checkpoint"
-
-
-def _check_format(fmt: str | None, path: str) -> str:
-    fmt = fmt or detect_format(path)
-    if fmt not in FORMATS:
-        raise InvalidArgumentError(f"unknown format {fmt!r} for {path}; use one of {FORMATS}")
-    return fmt
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -119,25 +102,37 @@ def _strip_root(key: str, root: str | None) -> str | None:
 
 
 @contextmanager
-def _read_checkpoint(path: str, root: str | None, keep_all: bool) -> Iterator[_Source]:
+def _read_checkpoint(
+    path: str, root: str | None, keep_all: bool, aliases: str
+) -> Iterator[_Source]:
+    """The values of a checkpoint; ``aliases`` says which names a value reachable by several
+    paths (a tied weight) gets: ``"all"``, or ``"one"`` (its first name under ``root``)."""
     from trackpoint.management.paths import resolve_prefix
 
     source = _Source()
     with CheckpointReader(resolve_prefix(path)) as reader:
         bundle = reader.bundle
+        graph = None if keep_all else reader.object_graph()
+        others = alias_keys(graph) if graph is not None else {}
         for key in reader.keys():
             if keep_all:
                 source.add(key, bundle.read(key, copy=False))
                 continue
-            relative = _strip_root(key, root)
-            if relative is None:
+            names = [
+                (relative, name)
+                for name in (key, *others.get(key, ()))
+                if (relative := _strip_root(name, root)) is not None
+            ]
+            if not names:
                 source.skipped.append((key, f"outside root {root!r}"))
             elif key == OBJECT_GRAPH_KEY:
                 source.skipped.append((key, "object graph (rebuilt for checkpoint targets)"))
             elif bundle.dtype(key) == np.dtype(object):
                 source.skipped.append((key, "string value (Python state)"))
             else:
-                source.add(relative, bundle.read(key, copy=False), key)
+                array = bundle.read(key, copy=False)
+                for relative, name in names if aliases == "all" else names[:1]:
+                    source.add(relative, array, name)
         yield source
 
 
@@ -280,14 +275,17 @@ def _write_torch(path: str, values: list[tuple[str, np.ndarray]]) -> None:
 
     from trackpoint.integrations.torch_tensors import tensor_from_numpy, torch_dtype_for
 
-    state = {
-        # np.require, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d ones.
-        name: tensor_from_numpy(
-            np.require(array, requirements="C"),
-            torch_dtype_for(array.dtype, what=f"tensor {name!r}"),
-        )
-        for name, array in values
-    }
+    state = {}
+    shared: dict[int, Any] = {}  # id(array) -> its tensor: tied names stay one tensor on save
+    for name, array in values:
+        tensor = shared.get(id(array))
+        if tensor is None:
+            # np.require, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d ones.
+            tensor = shared[id(array)] = tensor_from_numpy(
+                np.require(array, requirements="C"),
+                torch_dtype_for(array.dtype, what=f"tensor {name!r}"),
+            )
+        state[name] = tensor
     storage = storage_for(path)
     parent = storage.dirname(path)
     if parent:
@@ -311,6 +309,7 @@ def convert(
     options: CheckpointOptions | None = None,
     progress: Progress | None = None,
     overwrite: bool = False,
+    aliases: bool = True,
 ) -> ConversionResult:
     """Convert the tensors of ``source`` into ``destination`` (formats in the module docstring).
 
@@ -329,11 +328,16 @@ def convert(
         options: checkpoint write options (sharding policy, fsync) for checkpoint destinations.
         progress: called with (bytes done, bytes total) while writing.
         overwrite: replace an existing destination (otherwise an error: nothing is touched).
+        aliases: a checkpoint value reachable by several object paths (a tied weight) is
+            written under every name ``module.state_dict()`` gives it, so
+            ``load_state_dict(strict=True)`` finds them all; False: under its first name only.
+            A checkpoint destination always gets one copy per value.
 
     Raises:
         NotFoundError: the source does not exist.
         InvalidArgumentError: a value cannot be stored in the destination format, two values get
-            one name, a map rule fails, or ``root`` is given with no checkpoint side.
+            one name, a map rule fails, ``root`` is given with no checkpoint side, or a file
+            name has an extension no format has (``.onnx``; the message lists the known ones).
         DataLossError: the source is damaged, or a torch file holds more than tensors.
         FailedPreconditionError: the destination exists and ``overwrite`` is off.
 
@@ -341,8 +345,8 @@ def convert(
         >>> convert("run/ckpt-3", "model.safetensors", root="model")    # doctest: +SKIP
     """
     src, dst = fspath(source), fspath(destination)
-    src_fmt = _check_format(source_format, src)
-    dst_fmt = _check_format(destination_format, dst)
+    src_fmt = check_format(source_format, src, source=True)
+    dst_fmt = check_format(destination_format, dst, source=False)
     if root and "checkpoint" not in (src_fmt, dst_fmt):
         raise InvalidArgumentError(
             f"root={root!r} names an object path inside a checkpoint, but neither {src} nor "
@@ -358,7 +362,8 @@ def convert(
     verbatim = src_fmt == dst_fmt == "checkpoint" and key_map is None and not root
     with ExitStack() as stack:
         if src_fmt == "checkpoint":
-            reader = _read_checkpoint(src, root, keep_all=verbatim)
+            alias_mode = "all" if aliases and dst_fmt != "checkpoint" else "one"
+            reader = _read_checkpoint(src, root, keep_all=verbatim, aliases=alias_mode)
         elif src_fmt == "safetensors":
             reader = _read_safetensors(src)
         else:
@@ -367,9 +372,9 @@ def convert(
         skipped = list(loaded.skipped)
         values: list[tuple[str, Any]] = []
         names: list[tuple[str, str]] = []
-        taken: dict[str, str] = {}
+        taken: dict[str, tuple[str, int]] = {}  # target -> (source name, id of its value)
         for name, array, original in loaded.values:
-            target = name
+            target, value_id = name, id(array)  # tied names share one source array
             if not verbatim:
                 mapped = _map_name(name, array, key_map, src_fmt, dst_fmt)
                 if isinstance(mapped, str):
@@ -377,12 +382,14 @@ def convert(
                     continue
                 target, array = mapped
             if target in taken:
+                if taken[target][1] == value_id:
+                    continue  # two names of one tied value mapped to one target
                 raise InvalidArgumentError(
-                    f"{taken[target]!r} and {original!r} would both be written as {target!r}; "
-                    "rename one with a key map (--map)",
+                    f"{taken[target][0]!r} and {original!r} would both be written as "
+                    f"{target!r}; rename one with a key map (--map)",
                     key=target,
                 )
-            taken[target] = original
+            taken[target] = (original, value_id)
             values.append((target, array))
             names.append((original, target))
         for name, reason in skipped:

@@ -29,6 +29,7 @@ from trackpoint.integrations.torch_modules import (
     install_registration_hooks,
 )
 from trackpoint.integrations.torch_optim import OptimizerAdapter, OptimizerConfig
+from trackpoint.integrations.torch_reader import load_state_dict
 from trackpoint.integrations.torch_state import GeneratorVariable, StateDictAdapter, TorchRNG
 from trackpoint.integrations.torch_tensors import (
     TensorVariable,
@@ -51,6 +52,7 @@ __all__ = [
     "TorchRNG",
     "copy_into",
     "host_copy",
+    "load_state_dict",
     "numpy_dtype_for",
     "to_numpy",
     "torch_dtype_for",
