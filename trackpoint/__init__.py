@@ -8,10 +8,10 @@ objects, so importing trackpoint never imports torch or jax; ``tp.jax`` imports 
 
 from __future__ import annotations
 
-from typing import Any
+import typing
 
-import trackpoint.integrations  # noqa: F401  (registers the lazily imported integrations)
 from trackpoint import errors, metrics
+from trackpoint import integrations as _integrations  # noqa: F401  (registers the adapters)
 from trackpoint.checkpoint import Checkpoint, LoadStatus
 from trackpoint.graph import list_objects
 from trackpoint.management import (
@@ -54,11 +54,17 @@ __all__ = [
 
 _LAZY_MODULES = {
     "jax": "trackpoint.integrations.jax",
+    "keras": "trackpoint.integrations.keras",
+    "lightning": "trackpoint.integrations.lightning",
     "torch": "trackpoint.integrations.torch",
 }
 
 
-def __getattr__(name: str) -> Any:
+if typing.TYPE_CHECKING:
+    from types import ModuleType
+
+
+def __getattr__(name: str) -> ModuleType:
     """``tp.jax`` (and ``tp.torch``) import their framework only when first used."""
     if name in _LAZY_MODULES:
         import importlib
