@@ -19,7 +19,7 @@ def _runnable(block: str) -> bool:
     "block", [b for b in BLOCKS if _runnable(b)], ids=lambda b: b.splitlines()[1][:40]
 )
 def test_readme_example_runs(block, tmp_path):
-    for module in ("torch", "jax", "optax"):
+    for module in ("torch", "jax", "optax", "lightning", "keras"):
         if f"import {module}" in block:
             pytest.importorskip(module)
     code = block.replace('"/tmp/', f'"{tmp_path}/')

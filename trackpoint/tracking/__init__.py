@@ -32,7 +32,8 @@ from trackpoint.tracking.containers import (
 from trackpoint.tracking.mappings import DictWrapper, TupleWrapper
 from trackpoint.tracking.parallel import ParallelVariable
 from trackpoint.tracking.python_state import PYTHON_STATE, PythonState
-from trackpoint.tracking.slots import SlotOwner
+from trackpoint.tracking.save_check import SaveChecked
+from trackpoint.tracking.slots import PendingSlot, SlotOwner
 from trackpoint.tracking.variable import Variable
 
 __all__ = [
@@ -46,7 +47,9 @@ __all__ = [
     "NoDependency",
     "NotTrackable",
     "ParallelVariable",
+    "PendingSlot",
     "PythonState",
+    "SaveChecked",
     "SlotOwner",
     "Trackable",
     "TrackableDataStructure",
