@@ -357,7 +357,6 @@ def test_public_names():
     assert {
         "BundleWriter",
         "BundleReader",
-        "CheckpointReader",
         "merge_bundles",
         "TensorSlice",
     } <= set(bundle.__all__)

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trackpoint.bundle import BundleReader, BundleWriter
+from trackpoint.bundle.entries import entry_head as _entry_head
+from trackpoint.bundle.entries import entry_tail as _entry_tail
 from trackpoint.bundle.entries import make_entry
-from trackpoint.bundle.writer import _entry_head, _entry_tail
 
 _U32 = st.integers(0, 2**32 - 1)
 

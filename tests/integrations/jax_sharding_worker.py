@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import trackpoint.integrations.jax as tpj  # noqa: E402
+from trackpoint.bundle.data_files import DataFiles  # noqa: E402
 from trackpoint.bundle.reader import BundleReader  # noqa: E402
 from trackpoint.checkpoint.checkpoint import Checkpoint  # noqa: E402
 
@@ -81,24 +82,21 @@ def main(directory: Path) -> None:
 
     # Only the needed regions are read: each target box reads the stored slices it meets.
     calls: list[tuple[str, int]] = []
-    read_slice, read_entry = BundleReader.read_slice, BundleReader._read_entry
-    read_layout = BundleReader._read_layout  # the fast path of unsliced numeric tensors
+    read_slice = BundleReader.read_slice
+    read_stored = DataFiles.read  # where every verb gets a stored tensor's (or slice's) bytes
 
-    def spy_read_slice(self: BundleReader, key: str, tensor_slice: Any) -> np.ndarray:
+    def spy_read_slice(
+        self: BundleReader, key: str, tensor_slice: Any, **kwargs: Any
+    ) -> np.ndarray:
         calls.append(("read_slice", str(tensor_slice)))
-        return read_slice(self, key, tensor_slice)
+        return read_slice(self, key, tensor_slice, **kwargs)
 
-    def spy_read_entry(self: BundleReader, key: str, entry: Any, *, copy: bool) -> np.ndarray:
+    def spy_read_stored(self: DataFiles, key: str, layout: Any) -> Any:
         calls.append(("entry", key))
-        return read_entry(self, key, entry, copy=copy)
-
-    def spy_read_layout(self: BundleReader, key: str, layout: Any) -> np.ndarray:
-        calls.append(("entry", key))
-        return read_layout(self, key, layout)
+        return read_stored(self, key, layout)
 
     BundleReader.read_slice = spy_read_slice  # type: ignore[method-assign]
-    BundleReader._read_entry = spy_read_entry  # type: ignore[method-assign]
-    BundleReader._read_layout = spy_read_layout  # type: ignore[method-assign]
+    DataFiles.read = spy_read_stored  # type: ignore[method-assign]
     try:
         rows8 = jax.ShapeDtypeStruct(
             (8, 12), jnp.float32, sharding=NamedSharding(mesh8, P("z", None))
@@ -110,8 +108,7 @@ def main(directory: Path) -> None:
         results["reads_unsliced"] = calls[:]
     finally:
         BundleReader.read_slice = read_slice  # type: ignore[method-assign]
-        BundleReader._read_entry = read_entry  # type: ignore[method-assign]
-        BundleReader._read_layout = read_layout  # type: ignore[method-assign]
+        DataFiles.read = read_stored  # type: ignore[method-assign]
 
     # An optax state of sharded params through tp.Checkpoint, restored on another mesh.
     params = {"w": tree["a"], "b": jax.device_put(FULL[0], NamedSharding(mesh42, P("y")))}

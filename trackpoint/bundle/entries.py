@@ -1,7 +1,11 @@
 """Index values: the header (key ``""``) and tensor entries (tf-checkpoint-format.md §4, §5).
 
 Builds them as TensorFlow serializes them and checks them on read, so that the writer,
-reader and merge agree on one set of rules.
+reader and merge agree on one set of rules. The writer serializes entries with
+:func:`entry_head`, :func:`entry_tail` and :func:`entry_slices`, by hand: building a message per
+tensor costs more than the tensor's I/O for models of many small tensors.
+``tests/bundle/test_entry_encoding.py`` pins their bytes to protobuf's serialization of
+:func:`make_entry`.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from collections.abc import Sequence
 from google.protobuf.message import DecodeError
 
 from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto
+from trackpoint.bundle.slice_spec import TensorSlice
+from trackpoint.bundle.table import encode_varint
 from trackpoint.errors import DataLossError, InvalidArgumentError
 
 __all__ = [
@@ -18,7 +24,10 @@ __all__ = [
     "MIN_PRODUCER",
     "VERSION",
     "check_header",
+    "entry_head",
     "entry_shape",
+    "entry_slices",
+    "entry_tail",
     "make_entry",
     "make_header",
     "parse_entry",
@@ -52,12 +61,75 @@ def make_entry(
 ) -> BundleEntryProto:
     """A tensor entry; the shape is always present, even for scalars (``12 00``)."""
     entry = BundleEntryProto(
-        dtype=datatype, shard_id=shard_id, offset=offset, size=size, crc32c=crc32c
+        # The generated stub types proto enums as a class of their own; on the wire and at
+        # runtime a DataType is the int that trackpoint.bundle.dtypes.DataType holds.
+        dtype=datatype,  # type: ignore[arg-type]
+        shard_id=shard_id,
+        offset=offset,
+        size=size,
+        crc32c=crc32c,
     )
     entry.shape.SetInParent()
     for dim in shape:
         entry.shape.dim.add(size=int(dim))
     return entry
+
+
+def _varint_field(tag: bytes, value: int) -> bytes:
+    """A varint field of a proto3 message; zero is the default and is left out."""
+    if not value:
+        return b""
+    if value < 0:  # int32/int64 negatives are 10-byte two's complement varints
+        value &= (1 << 64) - 1
+    return tag + encode_varint(value)
+
+
+def entry_head(datatype: int, shape: Sequence[int]) -> bytes:
+    """Fields 1-2 of a serialized ``BundleEntryProto``: dtype and shape (always present, §5).
+
+    As protobuf writes them: field order, defaults omitted, ``12 00`` for a scalar's empty
+    shape, an empty ``Dim`` for a dimension of size 0. The same few heads recur across a
+    model's tensors, so callers cache them per (dtype, shape).
+    """
+    dims = b"".join(
+        b"\x12" + encode_varint(len(dim)) + dim
+        for dim in (_varint_field(b"\x08", int(size)) for size in shape)
+    )
+    return _varint_field(b"\x08", datatype) + b"\x12" + encode_varint(len(dims)) + dims
+
+
+def entry_tail(offset: int, size: int, masked_crc: int) -> bytes:
+    """Fields 4-6 of a serialized ``BundleEntryProto`` of a one-file bundle (shard_id 0).
+
+    ``entry_head(...) + entry_tail(...)`` is a whole entry. Written out without helpers (one
+    call per tensor); offset and size are never negative.
+    """
+    tail = b"\x20" + encode_varint(offset) if offset else b""
+    if size:
+        tail += b"\x28" + encode_varint(size)
+    if masked_crc:
+        tail += b"\x35" + masked_crc.to_bytes(4, "little")
+    return tail
+
+
+def entry_slices(slices: Sequence[TensorSlice]) -> bytes:
+    """Field 7 of a serialized ``BundleEntryProto``: the slices of a partitioned tensor (§8.1).
+
+    ``entry_head(...) + entry_slices(...)`` is the full-tensor entry of a partitioned tensor
+    (fields 3-6 stay 0). Each ``TensorSliceProto`` holds one ``Extent`` per dimension, as
+    :meth:`TensorSlice.to_proto` builds it: empty for a whole dimension, else ``start``
+    (omitted if 0) and ``length`` (in a oneof, so written even when 0).
+    """
+    out = bytearray()
+    for tensor_slice in slices:
+        extents = bytearray()
+        for start, length in zip(tensor_slice.starts, tensor_slice.lengths):
+            extent = b""
+            if length != -1:
+                extent = _varint_field(b"\x08", start) + b"\x10" + encode_varint(length)
+            extents += b"\x0a" + encode_varint(len(extent)) + extent
+        out += b"\x3a" + encode_varint(len(extents)) + extents
+    return bytes(out)
 
 
 def parse_header(value: bytes, path: str) -> BundleHeaderProto:

@@ -13,6 +13,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
@@ -20,17 +21,16 @@ import numpy as np
 from trackpoint._types import PathLike, fspath
 from trackpoint.bundle.crc import PARALLEL_HASH_BYTES, crc32c, crc32c_in_background, extend, mask
 from trackpoint.bundle.dtypes import DataType, datatype_for
-from trackpoint.bundle.entries import make_entry, make_header
+from trackpoint.bundle.entries import entry_head, entry_slices, entry_tail, make_header
 from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
 from trackpoint.bundle.slice_spec import TensorSlice, encode_slice_key
 from trackpoint.bundle.strings import encode_strings, string_elements
-from trackpoint.bundle.table import TableBuilder, encode_varint
+from trackpoint.bundle.table import TableBuilder
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer, Self
 
-    from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto
     from trackpoint.storage.base import Storage
 
 __all__ = ["BundleWriter"]
@@ -45,40 +45,13 @@ _GATHER_BYTES = 64 << 10
 _GATHER_FLUSH = 1 << 20
 
 
-def _varint_field(tag: bytes, value: int) -> bytes:
-    """A varint field of a proto3 message; zero is the default and is left out."""
-    if not value:
-        return b""
-    if value < 0:  # int32/int64 negatives are 10-byte two's complement varints
-        value &= (1 << 64) - 1
-    return tag + encode_varint(value)
+@dataclass(slots=True)
+class _Partitioned:
+    """The full-tensor entry of a partitioned tensor while its slices are added (§8.1)."""
 
-
-def _entry_head(datatype: int, shape: tuple[int, ...]) -> bytes:
-    """Fields 1-2 of a ``BundleEntryProto``: dtype and shape (always present, §5).
-
-    Serialized by hand, as protobuf does (field order, defaults omitted, ``12 00`` for a
-    scalar's empty shape): building a message per tensor costs more than the tensor's I/O.
-    ``tests/bundle/test_entry_encoding.py`` pins the bytes against protobuf's.
-    """
-    dims = b"".join(
-        b"\x12" + encode_varint(len(dim)) + dim
-        for dim in (_varint_field(b"\x08", size) for size in shape)
-    )
-    return _varint_field(b"\x08", datatype) + b"\x12" + encode_varint(len(dims)) + dims
-
-
-def _entry_tail(offset: int, size: int, masked_crc: int) -> bytes:
-    """Fields 4-6 of a ``BundleEntryProto`` (shard_id, field 3, is 0 in a one-file bundle).
-
-    Written out without helpers (one call per tensor); offset and size are never negative.
-    """
-    tail = b"\x20" + encode_varint(offset) if offset else b""
-    if size:
-        tail += b"\x28" + encode_varint(size)
-    if masked_crc:
-        tail += b"\x35" + masked_crc.to_bytes(4, "little")
-    return tail
+    datatype: DataType
+    shape: tuple[int, ...]
+    slices: list[TensorSlice] = field(default_factory=list)
 
 
 def _is_little_endian(dtype: np.dtype) -> bool:
@@ -132,10 +105,9 @@ class BundleWriter:
             self._storage.makedirs(parent)
         self._file: BinaryIO | None = self._storage.open_write(self._data_path)
         self._offset = 0
-        # Serialized entries; a partitioned tensor's full entry stays a message while slices
-        # are added to it.
-        self._entries: dict[bytes, bytes | BundleEntryProto] = {}
-        self._slices: dict[str, list[TensorSlice]] = {}
+        # Serialized entries by index key; a partitioned tensor's full entry is serialized at
+        # finish(), once all its slices are known.
+        self._entries: dict[bytes, bytes | _Partitioned] = {}
         self._finished = False
         self._gathered = bytearray()  # small tensors not yet handed to the file
         # Per-dtype (DataType, writable from its buffer) and per-(DataType, shape) entry heads: the
@@ -351,41 +323,39 @@ class BundleWriter:
             datatype = datatype_for(array.dtype, key=key)
         full = self._entries.get(raw_key)
         if full is None:
-            full = make_entry(datatype, full_shape)
+            full = _Partitioned(datatype, full_shape)
         else:
-            self._check_compatible_slice(key, full, datatype, full_shape, tensor_slice)
-        assert not isinstance(full, bytes)  # _check_compatible_slice rejects plain entries
+            full = self._check_compatible_slice(key, full, datatype, full_shape, tensor_slice)
         slice_key = encode_slice_key(key, tensor_slice)
         self._entries[slice_key] = write()
-        full.slices.append(tensor_slice.to_proto())
+        full.slices.append(tensor_slice)
         self._entries[raw_key] = full
-        self._slices.setdefault(key, []).append(tensor_slice)
 
     def _check_compatible_slice(
         self,
         key: str,
-        full: bytes | BundleEntryProto,
+        full: bytes | _Partitioned,
         datatype: DataType,
         full_shape: tuple[int, ...],
         tensor_slice: TensorSlice,
-    ) -> None:
-        if isinstance(full, bytes) or not full.slices:
+    ) -> _Partitioned:
+        """``full``, once it is shown to take ``tensor_slice`` of ``datatype``/``full_shape``."""
+        if isinstance(full, bytes):
             raise InvalidArgumentError(
                 f"Adding duplicate key '{key}' to bundle {self._prefix}: it already holds an "
                 "unsliced tensor",
                 path=self._prefix,
                 key=key,
             )
-        old_shape = tuple(d.size for d in full.shape.dim)
-        if full.dtype != datatype or old_shape != full_shape:
+        if full.datatype != datatype or full.shape != full_shape:
             raise InvalidArgumentError(
                 f"Slices of key '{key}' disagree: earlier slices have dtype "
-                f"{DataType(full.dtype).name} and shape {list(old_shape)}, this one "
+                f"{DataType(full.datatype).name} and shape {list(full.shape)}, this one "
                 f"{datatype.name} and {list(full_shape)}",
                 path=self._prefix,
                 key=key,
             )
-        for other in self._slices[key]:
+        for other in full.slices:
             if other.intersect(tensor_slice) is not None:
                 raise InvalidArgumentError(
                     f"Slice '{tensor_slice}' of key '{key}' overlaps slice '{other}' already "
@@ -393,6 +363,7 @@ class BundleWriter:
                     path=self._prefix,
                     key=key,
                 )
+        return full
 
     def _kind(self, dtype: np.dtype, key: str) -> tuple[DataType, bool]:
         """(DataType, whether arrays of ``dtype`` can be written from their own buffer).
@@ -417,8 +388,8 @@ class BundleWriter:
         """The serialized ``BundleEntryProto`` of a tensor in this one-file bundle."""
         head = self._heads.get((datatype, shape))
         if head is None:
-            head = self._heads[(datatype, shape)] = _entry_head(datatype, shape)
-        return head + _entry_tail(offset, size, masked)
+            head = self._heads[(datatype, shape)] = entry_head(datatype, shape)
+        return head + entry_tail(offset, size, masked)
 
     def _write_tensor(self, key: str, array: np.ndarray) -> bytes:
         """Append the bytes of ``array`` and return its serialized entry (§6)."""
@@ -481,7 +452,7 @@ class BundleWriter:
         self._offset += view.nbytes
         return crc
 
-    def _write(self, data: bytes | np.ndarray | memoryview) -> None:
+    def _write(self, data: Buffer) -> None:
         file = self._check_open()
         view = memoryview(data)
         nbytes = view.nbytes
@@ -520,7 +491,9 @@ class BundleWriter:
         entries = self._entries
         for raw_key in sorted(entries):
             value = entries[raw_key]
-            builder.add(raw_key, value if isinstance(value, bytes) else value.SerializeToString())
+            if not isinstance(value, bytes):  # a partitioned tensor: head and its slices (§8.1)
+                value = entry_head(value.datatype, value.shape) + entry_slices(value.slices)
+            builder.add(raw_key, value)
         self._storage.write_atomic(self._index_path, builder.finish())
         logger.debug(
             "wrote bundle %s: %d entries, %d data bytes",

@@ -5,6 +5,11 @@ one process; ``save``/``write`` and ``restore``/``read`` are then collective cal
 makes them, in the same order, with the same prefix. The result is one ordinary TensorFlow V2
 checkpoint: one index, one data file per shard, sharded tensors stored once as slices of the
 full tensor. See docs/distributed.md.
+
+A ``DistributedCheckpoint`` is a :class:`~trackpoint.checkpoint.Checkpoint` of the wrapped
+checkpoint's object graph whose saver is a :class:`~trackpoint.distributed.saver.DistributedSaver`
+(:meth:`DistributedCheckpoint._make_saver`): the write itself (the paused collector, the timing,
+the async writer and the order of sync and async saves, ``sync``) is ``Checkpoint``'s.
 """
 
 from __future__ import annotations
@@ -13,8 +18,6 @@ import dataclasses
 import logging
 from typing import Any
 
-from trackpoint import metrics
-from trackpoint._gc import collector_paused
 from trackpoint._types import PathLike, fspath
 from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.checkpoint.load_status import LoadStatus
@@ -36,7 +39,7 @@ from trackpoint.management.state_file import (
     latest_checkpoint,
     write_checkpoint_state,
 )
-from trackpoint.saving import AsyncWriter, CheckpointOptions, get_registered_saver_name
+from trackpoint.saving import CheckpointOptions, get_registered_saver_name
 from trackpoint.storage import LocalStorage, Storage, storage_for
 
 __all__ = ["DistributedCheckpoint"]
@@ -70,7 +73,7 @@ def _check_adapters(objects: Any) -> None:
                 )
 
 
-class DistributedCheckpoint:
+class DistributedCheckpoint(Checkpoint):
     """Saves and restores the objects of every rank as one checkpoint.
 
     Every rank constructs it (creating it is collective when a process group is used) and then
@@ -79,6 +82,16 @@ class DistributedCheckpoint:
     :class:`~trackpoint.distributed.Slice`) are written by their owners as slices of the full
     tensor. Restoring reads, on each rank, just the regions its objects need, whatever layout
     and number of ranks wrote the checkpoint.
+
+    It is a ``tp.Checkpoint`` of the wrapped checkpoint's objects (the same object graph, the
+    same ``save_counter``) that writes through every rank: ``write``, ``save`` and ``sync``
+    work as ``tp.Checkpoint``'s, collectively. Each rank's write callbacks run on that rank
+    once the checkpoint is committed: the coordinator's first, the other ranks' after it has
+    finished them (guard side effects wanted once, such as an upload, with
+    :attr:`is_coordinator`). With ``options.enable_async`` each rank snapshots its values and
+    returns; the ranks' background threads then save together (:meth:`sync` waits). A save's
+    figures are recorded in ``trackpoint.metrics`` (the checkpoint's size and shards by the
+    coordinator, durations by every rank; docs/distributed.md).
 
     Args:
         checkpoint: the ``tp.Checkpoint`` of this rank's objects; or give them as keyword
@@ -105,6 +118,12 @@ class DistributedCheckpoint:
         path = ckpt.save("/ckpts/ckpt")             # same path returned on every rank
     """
 
+    # Set with object.__setattr__ (AutoTrackable would track them); declared for type checkers.
+    _checkpoint: Checkpoint
+    _collective: Collective
+    _coordinator: int
+    _coalesce_reads: bool | None
+
     def __init__(
         self,
         checkpoint: Checkpoint | None = None,
@@ -115,27 +134,32 @@ class DistributedCheckpoint:
         coalesce_reads: bool | None = None,
         **children: Any,
     ) -> None:
+        super().__init__()
         if checkpoint is None:
             checkpoint = Checkpoint(**children)
         elif children:
             raise InvalidArgumentError(
                 "pass either a tp.Checkpoint or the objects as keyword arguments, not both"
             )
-        elif not isinstance(checkpoint, Checkpoint):
+        elif not isinstance(checkpoint, Checkpoint) or isinstance(
+            checkpoint, DistributedCheckpoint
+        ):
             raise InvalidArgumentError(
                 f"checkpoint must be a tp.Checkpoint, got {type(checkpoint).__name__}; pass "
                 "objects as keyword arguments instead (model=..., optimizer=...)"
             )
-        self._checkpoint = checkpoint
-        self._collective = _collective_for(group, timeout)
-        if not 0 <= coordinator < self._collective.world_size:
+        collective = _collective_for(group, timeout)
+        if not 0 <= coordinator < collective.world_size:
             raise InvalidArgumentError(
-                f"coordinator must be a rank below {self._collective.world_size}, got "
-                f"{coordinator}"
+                f"coordinator must be a rank below {collective.world_size}, got {coordinator}"
             )
-        self._coordinator = coordinator
-        self._coalesce_reads = coalesce_reads
-        self._async: AsyncWriter | None = None
+        # object.__setattr__: AutoTrackable would make the wrapped checkpoint a tracked child.
+        # The graph saved is the wrapped checkpoint's, as if it saved itself.
+        object.__setattr__(self, "_self_view", checkpoint.object_graph_view)
+        object.__setattr__(self, "_checkpoint", checkpoint)
+        object.__setattr__(self, "_collective", collective)
+        object.__setattr__(self, "_coordinator", coordinator)
+        object.__setattr__(self, "_coalesce_reads", coalesce_reads)
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -164,22 +188,18 @@ class DistributedCheckpoint:
     def world_size(self) -> int:
         return self._collective.world_size
 
-    @property
-    def save_counter(self) -> Any:
-        """The checkpoint's ``save_counter`` (the same number on every rank)."""
-        return self._checkpoint.save_counter
+    def _maybe_create_save_counter(self) -> None:
+        # The wrapped checkpoint's counter: a node of the graph saved (same number on every
+        # rank, since every rank saves and restores the same checkpoints).
+        if self._self_save_counter is None:
+            object.__setattr__(self, "_self_save_counter", self._checkpoint.save_counter)
 
     # -- saving ------------------------------------------------------------------------------
     def write(self, prefix: PathLike, options: CheckpointOptions | None = None) -> str:
         """Write one checkpoint at exactly ``prefix`` from every rank; collective.
 
-        Atomic: the checkpoint appears complete or not at all. Each rank's write callbacks
-        run on that rank once the checkpoint is committed: the coordinator's first, the other
-        ranks' after it has finished them (guard side effects wanted once, such as an upload,
-        with :attr:`is_coordinator`). With ``options.enable_async`` each rank snapshots its
-        values and returns; the ranks' background threads then save together (:meth:`sync`
-        waits). The save's figures are recorded in ``trackpoint.metrics`` (the checkpoint's
-        size and shards by the coordinator, durations by every rank; docs/distributed.md).
+        Atomic: the checkpoint appears complete or not at all. See the class docstring for
+        write callbacks, async saves and metrics.
 
         Returns:
             ``prefix`` as a str, on every rank.
@@ -188,7 +208,9 @@ class DistributedCheckpoint:
             InvalidArgumentError: the ranks' values do not fit together (raised on every rank).
             CheckpointError: a rank failed, died or timed out; nothing was committed.
         """
-        return self._write(fspath(prefix), CheckpointOptions.resolve(options))
+        # Not Checkpoint.write: its check of the directory's writer lock is one process's, and
+        # a rank refusing alone would leave the others waiting in the save's exchanges.
+        return self._write(fspath(prefix, argument="prefix"), CheckpointOptions.resolve(options))
 
     def save(self, prefix: PathLike, options: CheckpointOptions | None = None) -> str:
         """Increment ``save_counter``, write ``<prefix>-<n>``, update the state file; collective.
@@ -203,9 +225,11 @@ class DistributedCheckpoint:
         Raises:
             Same as :meth:`write`.
         """
+        # Not Checkpoint.save: that one takes the directory's writer lock and records the
+        # state file in this process; here the coordinator records it for every rank.
         options = CheckpointOptions.resolve(options)
-        prefix_str = fspath(prefix)
-        counter = self._checkpoint.save_counter
+        prefix_str = fspath(prefix, argument="prefix")
+        counter = self.save_counter
         number = int(counter.numpy()) + 1
         counter.assign(number)
         path = f"{prefix_str}-{number}"
@@ -220,7 +244,12 @@ class DistributedCheckpoint:
             )
         return self._write(path, options)
 
-    def _saver(self, view: ObjectGraphView) -> DistributedSaver:
+    def _make_saver(self) -> DistributedSaver:
+        """This rank's part of the save: its values, or the error gathering them raised.
+
+        An error is not raised here: the save reports it to every rank, so all fail together.
+        """
+        view = self.object_graph_view
         try:
             propagate_optimizer_layouts(list_objects(view, skip_slot_variables=True))
             graph = serialize_graph(view, registered_saver_for=get_registered_saver_name)
@@ -238,36 +267,15 @@ class DistributedCheckpoint:
                 {}, collective=self._collective, coordinator=self._coordinator, error=exc
             )
 
-    def _write(self, prefix: str, options: CheckpointOptions) -> str:
-        timing = metrics.begin_write()  # this rank's wait starts here
-        with collector_paused():  # see trackpoint._gc: a third of the time for many tensors
-            return self._write_unpaused(prefix, options, timing)
-
-    def _write_unpaused(
-        self, prefix: str, options: CheckpointOptions, timing: metrics.WriteTiming
-    ) -> str:
-        saver = self._saver(self._checkpoint.object_graph_view)
-        if options.enable_async:
-            if self._async is None:
-                self._async = AsyncWriter()
-            return self._async.save(saver, prefix, options, timing=timing)
-        if self._async is not None:
-            self._async.sync()
-        return saver.save(prefix, options, timing=timing)
-
-    def sync(self) -> None:
-        """Wait for this rank's pending async save; raise its error if it failed."""
-        if self._async is not None:
-            self._async.sync()
-
     def close(self) -> None:
         """Wait for a pending async save and stop the background thread.
 
         Call before ``torch.distributed.destroy_process_group()``: the thread's exchanges need
         the group.
         """
-        if self._async is not None:
-            writer, self._async = self._async, None
+        writer = self._self_async
+        if writer is not None:
+            object.__setattr__(self, "_self_async", None)
             writer.close()
 
     # -- restoring ---------------------------------------------------------------------------
@@ -287,7 +295,7 @@ class DistributedCheckpoint:
             InvalidArgumentError: the ranks asked for different checkpoints, or a value does
                 not fit its object; if any rank fails, every rank raises.
         """
-        return self._read(path, CheckpointOptions.resolve(options), restore=False)
+        return self._read_together(path, CheckpointOptions.resolve(options), restore=False)
 
     def restore(
         self, path: PathLike | None, options: CheckpointOptions | None = None
@@ -295,9 +303,12 @@ class DistributedCheckpoint:
         """:meth:`read`, then create ``save_counter`` (``restore(None)`` restores nothing)."""
         if path is None:
             return self._checkpoint.restore(None)
-        return self._read(path, CheckpointOptions.resolve(options), restore=True)
+        return self._read_together(path, CheckpointOptions.resolve(options), restore=True)
 
-    def _read(self, path: PathLike, options: CheckpointOptions, *, restore: bool) -> LoadStatus:
+    def _read_together(
+        self, path: PathLike, options: CheckpointOptions, *, restore: bool
+    ) -> LoadStatus:
+        # Not Checkpoint._read (another signature): every rank reads, then all agree.
         self.sync()
         requested = fspath(path)
         storage = options.storage or storage_for(requested)

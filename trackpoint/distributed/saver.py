@@ -32,7 +32,6 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any, NoReturn
 
-from trackpoint import metrics
 from trackpoint._types import PathLike, fspath
 from trackpoint.distributed.collective import Collective, CollectiveError
 from trackpoint.distributed.plan import TensorInfo, assign_writers, describe
@@ -43,6 +42,7 @@ from trackpoint.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from trackpoint.metrics import registry as metrics
 from trackpoint.saving import (
     CheckpointOptions,
     MaxShardSizePolicy,
@@ -52,12 +52,12 @@ from trackpoint.saving import (
     Shard,
     ShardableTensor,
     ShardByTaskPolicy,
-    validate_shards,
 )
 from trackpoint.saving.commit import AtomicCommit
 from trackpoint.saving.progress import WrittenFiles, committed_sizes, write_stats
+from trackpoint.saving.saver import SerializedTensors
+from trackpoint.saving.shard_validation import policy_description, validate_shards
 from trackpoint.saving.shard_writer import payload_bytes, write_shards
-from trackpoint.saving.sharding import policy_description
 from trackpoint.storage import Storage, storage_for
 
 __all__ = ["DistributedSaver", "error_message", "raise_collected"]
@@ -119,7 +119,7 @@ class DistributedSaver(MultiDeviceSaver):
 
     def __init__(
         self,
-        serialized_tensors: Mapping[Any, Mapping[str, Any]],
+        serialized_tensors: SerializedTensors,
         registered_savers: Mapping[str, Mapping[str, Any]] | None = None,
         *,
         collective: Collective,

@@ -1,0 +1,216 @@
+"""The data files of one bundle: stored bytes without copying, verified into arrays (§6).
+
+Each ``prefix.data-SSSSS-of-NNNNN`` file is opened through ``Storage.open_range_reader`` the
+first time a tensor in it is read. A file the storage maps into memory (local disks: an mmap) is
+kept as one byte array, and a tensor's bytes are a slice of it: cheaper per tensor than a
+``read()`` and a new buffer, which matters for models of many small tensors. Other storages
+serve each tensor with one ``read()``. Once their checksum matches, numeric bytes of a
+little-endian file become a read-only view; strings are decoded (§6.2) and big-endian files
+converted (§4), each into a new array.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trackpoint.bundle.crc import crc32c, mask
+from trackpoint.bundle.index import count_checksum_failure
+from trackpoint.bundle.naming import data_filename
+from trackpoint.bundle.strings import decode_strings
+from trackpoint.errors import DataLossError, FailedPreconditionError, NotFoundError
+from trackpoint.metrics import registry as metrics
+
+if TYPE_CHECKING:
+    from trackpoint.bundle.layout import Layout
+    from trackpoint.storage.base import RangeReader, Storage
+
+__all__ = ["DataFiles"]
+
+logger = logging.getLogger(__name__)
+
+
+def _swap_to_native(raw: memoryview, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A new native-order array from big-endian bytes (complex: each half swapped)."""
+    unit = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    if unit == 1:
+        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    words = np.frombuffer(raw, dtype=f">u{unit}").astype(f"=u{unit}")
+    return words.view(dtype).reshape(shape)
+
+
+class DataFiles:
+    """Byte ranges of the data files of the bundle at ``prefix``, for the bundle reader.
+
+    Thread-safe. Bytes returned by :meth:`read` are views into the files' mappings: valid until
+    :meth:`close`, and for as long as an array made from them lives (the array keeps the
+    mapping exported, so it is unmapped only when the last view goes).
+
+    Args:
+        prefix: the bundle's prefix.
+        storage: where its files live.
+        num_shards: the number of data files (the header's ``num_shards``).
+        big_endian: the files' byte order (the header's ``endianness``).
+    """
+
+    def __init__(
+        self, prefix: str, storage: Storage, num_shards: int, *, big_endian: bool = False
+    ) -> None:
+        self._prefix = prefix
+        self._storage = storage
+        self._num_shards = num_shards
+        self._big_endian = big_endian
+        self._lock = threading.Lock()
+        self._readers: dict[int, RangeReader] = {}
+        # shard id -> the whole file as a uint8 array, for files mapped into memory.
+        self._mapped: dict[int, np.ndarray] = {}
+        self._closed = False
+
+    def path(self, shard_id: int) -> str:
+        """The name of data file ``shard_id``."""
+        return data_filename(self._prefix, shard_id, self._num_shards)
+
+    def read(self, key: str, layout: Layout) -> np.ndarray | memoryview:
+        """The stored bytes of ``layout`` (a readable layout of ``key``), not copied.
+
+        Raises:
+            NotFoundError: the data file is missing.
+            DataLossError: the file ends before the tensor does (it is truncated).
+            FailedPreconditionError: the reader was closed.
+        """
+        shard_id, offset, size = layout.shard_id, layout.offset, layout.size
+        mapped = self._mapped.get(shard_id)
+        if mapped is None:
+            reader = self._readers.get(shard_id) or self._open(shard_id, key)
+            mapped = self._mapped.get(shard_id)
+            if mapped is None:
+                if offset + size > reader.size:
+                    raise self._truncated(key, shard_id, offset, size, reader.size)
+                return reader.read(offset, size) if size else memoryview(b"")
+        end = offset + size
+        if end > mapped.size:
+            raise self._truncated(key, shard_id, offset, size, mapped.size)
+        return mapped[offset:end]
+
+    def verified(
+        self, key: str, layout: Layout, raw: np.ndarray | memoryview, crc: int | None = None
+    ) -> np.ndarray:
+        """``raw``, the stored bytes of ``layout``, as its array once the checksum matches.
+
+        A read-only view of ``raw`` for numeric tensors of a little-endian file, else a new
+        array. ``crc`` is the CRC32C of ``raw`` when it was computed already (on a helper
+        thread).
+
+        Raises:
+            DataLossError: a checksum does not match, or string lengths are corrupt.
+        """
+        dtype, shape = layout.dtype, layout.shape
+        assert dtype is not None and shape is not None  # a readable layout has both
+        if layout.is_string:
+            return self._strings(key, layout, raw, shape)
+        if crc is None:
+            crc = crc32c(raw)
+        if crc != layout.crc:
+            metrics.increment(metrics.CHECKSUM_FAILURES)
+            path = self.path(layout.shard_id)
+            raise DataLossError(
+                f"Checksum does not match: stored {layout.crc} vs. calculated {crc} "
+                f"for key '{key}' in {path}. The data file is corrupt",
+                path=path,
+                key=key,
+            )
+        if self._big_endian:
+            return _swap_to_native(memoryview(raw), dtype, shape)
+        # A slice of a mapped file's byte array, or np.frombuffer, keeps the buffer exported
+        # while the array lives, which keeps the mapping alive after the reader closes
+        # (np.ndarray(buffer=raw) would not: it keeps only the mmap object, and the memory
+        # would be unmapped under the array).
+        if isinstance(raw, np.ndarray):  # a slice of a mapped file, read-only (see _open)
+            return raw.view(dtype).reshape(shape)
+        array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        if not raw.readonly:  # a storage that hands out writable buffers
+            array.flags.writeable = False
+        return array
+
+    def _strings(
+        self, key: str, layout: Layout, raw: np.ndarray | memoryview, shape: tuple[int, ...]
+    ) -> np.ndarray:
+        """Decode a string tensor's stored bytes (§6.2), both checksums verified."""
+        count = math.prod(shape)
+        result = np.empty(count, dtype=object)
+        try:
+            result[:] = decode_strings(
+                memoryview(raw),
+                count,
+                mask(layout.crc),
+                key=key,
+                path=self.path(layout.shard_id),
+                big_endian=self._big_endian,
+            )
+        except DataLossError as exc:
+            count_checksum_failure(exc)
+            raise
+        return result.reshape(shape)
+
+    def _truncated(
+        self, key: str, shard_id: int, offset: int, size: int, file_size: int
+    ) -> DataLossError:
+        path = self.path(shard_id)
+        available = max(0, min(size, file_size - offset))
+        return DataLossError(
+            f"Requested {size} bytes but read {available} for key '{key}' at offset {offset} "
+            f"of {path}: the data file is truncated",
+            path=path,
+            key=key,
+        )
+
+    def _open(self, shard_id: int, key: str) -> RangeReader:
+        path = self.path(shard_id)
+        with self._lock:
+            if self._closed:
+                raise FailedPreconditionError(
+                    f"BundleReader for {self._prefix} is closed; open a new one to read '{key}'",
+                    path=self._prefix,
+                    key=key,
+                )
+            reader = self._readers.get(shard_id)
+            if reader is None:
+                try:
+                    reader = self._storage.open_range_reader(path)
+                except NotFoundError as exc:
+                    raise NotFoundError(
+                        f"Data file {path} of checkpoint {self._prefix} not found (needed for "
+                        f"key '{key}'); the checkpoint is incomplete",
+                        path=path,
+                        key=key,
+                    ) from exc
+                self._readers[shard_id] = reader
+                mapped = reader.mapped()
+                if mapped is not None:
+                    # Read-only once here, so every tensor sliced from it is (setting the
+                    # flag per tensor costs more than slicing it).
+                    whole = np.frombuffer(mapped, dtype=np.uint8)
+                    whole.flags.writeable = False
+                    self._mapped[shard_id] = whole
+        return reader
+
+    def close(self) -> bool:
+        """Close every open file; True the first time (views handed out stay valid).
+
+        Reads after this raise FailedPreconditionError.
+        """
+        with self._lock:
+            already_closed, self._closed = self._closed, True
+            readers, self._readers = list(self._readers.values()), {}
+            self._mapped = {}  # views handed out keep their own reference
+        for reader in readers:
+            try:
+                reader.close()
+            except BufferError:
+                # Zero-copy views still reference the mapping; it is unmapped when they go.
+                logger.debug("data file %s still has live views at close", reader.path)
+        return not already_closed
