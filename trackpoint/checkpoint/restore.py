@@ -42,7 +42,7 @@ from trackpoint.graph.keys import escape_local_name
 from trackpoint.graph.walk import node_names
 from trackpoint.saving.devices import DeviceValue
 from trackpoint.saving.options import CheckpointOptions
-from trackpoint.saving.restore import RestoreItem, restore_items
+from trackpoint.saving.restore import RestoreItem, agreement_pending, restore_items
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, has_values, next_restore_uid
 from trackpoint.tracking.slots import PendingSlot, SlotOwner
@@ -334,7 +334,7 @@ class CheckpointPosition:
                 position._queue_children(plan, queue, children, node, trackable)
             if coordinator.slot_restorations or coordinator.deferred_slot_restorations:
                 position._queue_slot_variables(plan, queue, trackable)
-        if not plan.items and not plan.registered:
+        if not plan.items and not plan.registered and not agreement_pending():
             return
         with coordinator.reader() as reader:
             restore_items(

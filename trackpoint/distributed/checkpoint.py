@@ -30,16 +30,16 @@ from trackpoint.distributed.optimizers import (
 from trackpoint.distributed.read_plan import IndexView, PrefetchedStorage, read_requests
 from trackpoint.distributed.saver import DistributedSaver, error_message, raise_collected
 from trackpoint.distributed.sharded import ShardedTensorVariable, layout_of
-from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
+from trackpoint.errors import CheckpointError, InvalidArgumentError
 from trackpoint.graph.walk import ObjectGraphView, list_objects, serialize_graph
 from trackpoint.integrations.torch_tensors import TensorVariable
+from trackpoint.management.paths import resolve_prefix
 from trackpoint.management.state_file import (
     checkpoint_directory,
-    checkpoint_exists,
-    latest_checkpoint,
     write_checkpoint_state,
 )
 from trackpoint.saving import CheckpointOptions, get_registered_saver_name
+from trackpoint.saving.restore import RestoreAgreement, restore_agreement
 from trackpoint.storage import LocalStorage, Storage, storage_for
 
 __all__ = ["DistributedCheckpoint"]
@@ -316,6 +316,7 @@ class DistributedCheckpoint(Checkpoint):
         status: LoadStatus | None = None
         error: BaseException | None = None
         prefetched: PrefetchedStorage | None = None
+        agreement = RestoreAgreement(self._collective.all_gather)
         try:
             view = self._checkpoint.object_graph_view
             objects = list_objects(view, skip_slot_variables=True)
@@ -332,12 +333,17 @@ class DistributedCheckpoint(Checkpoint):
                 index = index or IndexView.load(prefix, storage)
                 prefetched = self._prefetch(view, index, storage, options)
             read_options = dataclasses.replace(options, storage=prefetched or storage)
-            if restore:
-                status = self._checkpoint.restore(prefix, read_options)
-            else:
-                status = self._checkpoint.read(prefix, read_options)
+            # Every rank verifies its own values, then all vote: a rank applies its values
+            # only if every rank verified theirs (trackpoint/saving/restore.py).
+            with restore_agreement(agreement):
+                if restore:
+                    status = self._checkpoint.restore(prefix, read_options)
+                else:
+                    status = self._checkpoint.read(prefix, read_options)
         except Exception as exc:  # every rank learns of it below
             error = exc
+            if not agreement.voted:  # failed before its vote: the others wait for it
+                agreement.vote(exc)
         finally:
             if prefetched is not None:
                 prefetched.release()
@@ -354,18 +360,7 @@ class DistributedCheckpoint(Checkpoint):
         problem: dict[str, Any] | None = None
         if self.rank == self._coordinator:
             try:
-                if checkpoint_exists(path, storage=storage):
-                    resolved = path
-                else:
-                    resolved = latest_checkpoint(path, storage=storage)
-                if resolved is None:
-                    raise NotFoundError(
-                        f"Failed to restore from checkpoint {path}: {path}.index does not exist, "
-                        f"and {path} is not a directory whose state file names a checkpoint. "
-                        "save() appends a number (ckpt-1); pass the prefix it returned or the "
-                        "directory",
-                        path=path,
-                    )
+                resolved = resolve_prefix(path, storage=storage)  # the one path resolver
             except CheckpointError as exc:
                 problem = error_message(exc, self.rank)
         messages = self._collective.all_gather(

@@ -15,7 +15,10 @@ so one set of rules holds for all of them:
 5. registered savers' ``restore_fn``s (user code) run last, as in TensorFlow, so they see the
    restored objects; they never run on a checkpoint that failed steps 1–3.
 
-A failure in steps 1–3 leaves every object as it was. A registered saver's ``restore_fn`` that
+A failure in steps 1–3 leaves every object as it was. Processes restoring one checkpoint
+together (the distributed layer) vote between steps 3 and 4 (:class:`RestoreAgreement`): a
+process applies its values only if every process verified its own, so a damaged value read by
+one process leaves the objects of all of them unchanged. A registered saver's ``restore_fn`` that
 fails leaves the built-in objects restored and its own objects as it left them: trackpoint
 cannot roll back user code, so a ``restore_fn`` that must be all-or-nothing checks its files
 before it changes anything.
@@ -23,6 +26,8 @@ before it changes anything.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import math
@@ -34,17 +39,77 @@ import numpy as np
 
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.bundle.slice_spec import parse_slice_spec
-from trackpoint.errors import InvalidArgumentError, NotFoundError
+from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
 from trackpoint.saving.devices import DeviceValue
 from trackpoint.saving.progress import ProgressEvent, ReadProgress
 from trackpoint.saving.registration import get_registered_saver, objects_to_restore
 from trackpoint.tracking.base import Trackable
 
-__all__ = ["RestoreItem", "restore_items"]
+__all__ = [
+    "RestoreAgreement",
+    "RestoreItem",
+    "agreement_pending",
+    "restore_agreement",
+    "restore_items",
+]
 
 logger = logging.getLogger(__name__)
 
 Label = str | Callable[[], str]
+
+
+class RestoreAgreement:
+    """A vote among the processes of one restore, between verifying and applying values.
+
+    Args:
+        exchange: sends this process's message ("" for success, else what failed) to every
+            process and returns all of them (an all-gather); every process calls it once.
+    """
+
+    def __init__(self, exchange: Callable[[str], Sequence[str]]) -> None:
+        self._exchange = exchange
+        self.voted = False
+
+    def vote(self, error: BaseException | None) -> None:
+        """Tell the others whether this process verified its values; the first call only.
+
+        Raises:
+            CheckpointError: another process failed (this one then applies nothing).
+        """
+        if self.voted:
+            return  # later walks of the same restore (deferred objects) are local
+        self.voted = True
+        mine = "" if error is None else f"{type(error).__name__}: {error}"
+        failed = [message for message in self._exchange(mine) if message]
+        if error is None and failed:
+            raise CheckpointError(
+                f"Another process could not restore its values ({failed[0]}); nothing was "
+                "restored here either, so every process keeps the same state."
+            )
+
+
+# The agreement of the restore running in this thread, if it runs together with others: set
+# by the distributed layer around its Checkpoint.restore call (a context variable, not a global:
+# each thread and task sees its own).
+_agreement: contextvars.ContextVar[RestoreAgreement | None] = contextvars.ContextVar(
+    "trackpoint_restore_agreement", default=None
+)
+
+
+@contextlib.contextmanager
+def restore_agreement(agreement: RestoreAgreement) -> Iterator[RestoreAgreement]:
+    """Make the restores run inside the block vote through ``agreement`` before applying."""
+    token = _agreement.set(agreement)
+    try:
+        yield agreement
+    finally:
+        _agreement.reset(token)
+
+
+def agreement_pending() -> bool:
+    """Whether a restore running now must still vote (it must, even with nothing to read)."""
+    agreement = _agreement.get()
+    return agreement is not None and not agreement.voted
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +295,16 @@ def restore_items(
             restored by then).
     """
     name = prefix if prefix is not None else reader.prefix
-    values = _Values(items, reader, name, progress)
-    applies = [_prepare(item, values.of(item), name) for item in items]
+    agreement = _agreement.get()
+    try:
+        values = _Values(items, reader, name, progress)
+        applies = [_prepare(item, values.of(item), name) for item in items]
+    except BaseException as exc:
+        if agreement is not None:
+            agreement.vote(exc)
+        raise
+    if agreement is not None:
+        agreement.vote(None)
     for apply in applies:
         apply()
     if registered:

@@ -35,6 +35,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, SupportsIndex
 
+import numpy as np
+from numpy import ndarray
+
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
 from trackpoint.tracking.adapters import claims_structure, is_adaptable, to_trackable
 from trackpoint.tracking.base import Trackable
@@ -82,7 +85,7 @@ _ABSENT = object()
 
 
 def is_tracked_value(value: Any) -> bool:
-    return isinstance(value, Trackable) or is_adaptable(value)
+    return type(value) is np.ndarray or isinstance(value, Trackable) or is_adaptable(value)
 
 
 def holds_trackable(value: Any) -> bool:
@@ -203,7 +206,8 @@ class TrackableDataStructure(SaveChecked, Trackable):
     def _plain_entries(self) -> list[tuple[Any, Any]]:
         return [
             (key, value) for key, value in self._entries()
-            if not self._is_exempt(key, value) and self._is_plain_key(key) and is_plain(value)
+            if type(value) is not np.ndarray  # the usual entry: skipped without calls
+            and not self._is_exempt(key, value) and self._is_plain_key(key) and is_plain(value)
         ]
 
     def _visible_children(self, children: dict[str, Trackable]) -> dict[str, Trackable]:
@@ -228,8 +232,8 @@ class TrackableDataStructure(SaveChecked, Trackable):
         # docstring inherited
         self._adopt_external_changes()
         for key, value in self._entries():
-            if self._is_exempt(key, value):
-                continue
+            if type(value) is ndarray or self._is_exempt(key, value):
+                continue  # an array (the usual entry) is always saveable
             if not self._is_plain_key(key) and not is_tracked_value(value):
                 label, bad = f" key {key!r}", key
             elif is_plain(value) or is_tracked_value(value):

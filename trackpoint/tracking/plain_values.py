@@ -101,6 +101,8 @@ def is_plain(value: Any, seen: set[int] | None = None) -> bool:
     kind = type(value)
     if kind in _SCALARS:
         return True
+    if kind is np.ndarray:  # the usual entry of a large state: a value, never plain
+        return False
     if isinstance(value, np.generic):
         return _storable_scalar(value)
     if isinstance(value, Trackable):
