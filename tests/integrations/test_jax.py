@@ -102,7 +102,7 @@ def test_checkpoint_keys_are_dict_keys_indices_and_field_names(tmp_path):
         [f"params/{leaf}{VALUE}" for leaf in leaves]
         + [f"opt_state/0/count{VALUE}"]
         + [f"opt_state/0/{slot}/{leaf}{VALUE}" for slot in ("mu", "nu") for leaf in leaves]
-        + [f"step{VALUE}"]
+        + [f"step{VALUE}", "step/.ATTRIBUTES/jax_metadata"]  # jnp.asarray(3) is weakly typed
     )
     assert _keys(prefix) == sorted(expected)
     with CheckpointReader(prefix) as reader:
@@ -114,7 +114,7 @@ def test_checkpoint_keys_are_dict_keys_indices_and_field_names(tmp_path):
 def test_write_matches_checkpoint_write_key_for_key(tmp_path):
     tree = {"params": _params(), "step": jnp.asarray(7, jnp.int32), "epoch": 2}
     a = tpj.write(tmp_path / "a", tree)
-    b = Checkpoint(params=tree["params"], step=tree["step"], epoch=jnp.asarray(2)).write(
+    b = Checkpoint(params=tree["params"], step=tree["step"], epoch=jnp.asarray(2, jnp.int32)).write(
         str(tmp_path / "b")
     )
     assert _keys(a) == _keys(b)
@@ -191,8 +191,8 @@ def test_restore_into_abstract_target(tmp_path):
     _same(tpj.restore(prefix, abstract), tree)
     key = jax.random.key(0)
     prefix = tpj.write(tmp_path / "key", {"k": key})
-    with pytest.raises(InvalidArgumentError, match="abstract PRNG key"):
-        tpj.restore(prefix, {"k": jax.ShapeDtypeStruct(key.shape, key.dtype)})
+    restored = tpj.restore(prefix, {"k": jax.ShapeDtypeStruct(key.shape, key.dtype)})
+    assert (jax.random.key_data(restored["k"]) == jax.random.key_data(key)).all()
 
 
 def test_checkpoint_save_restores_from_directory_ignoring_save_counter(tmp_path):

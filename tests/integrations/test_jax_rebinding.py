@@ -150,8 +150,8 @@ def test_flax_nnx_state_view_saves_current_values(tmp_path):
     view = nnx.state(model)
     ckpt = tp.Checkpoint(state=view)
     ckpt.write(tmp_path / "a")
-    model.kernel.value = model.kernel.value + 1.0
-    model.bias.value = model.bias.value - 1.0
+    model.kernel[...] = model.kernel[...] + 1.0
+    model.bias[...] = model.bias[...] - 1.0
     for path, tree in ((ckpt.write(tmp_path / "b"), view),
                        (tp.Checkpoint(state=nnx.state(model)).write(tmp_path / "c"),
                         nnx.state(model))):
@@ -166,5 +166,5 @@ def test_flax_nnx_state_view_saves_current_values(tmp_path):
             for names, _, leaf in leaves_with_names(fresh)[0]
             if getattr(leaf, "shape", None) == (2, 3)
         ),
-        model.kernel.value,
+        model.kernel[...],
     )

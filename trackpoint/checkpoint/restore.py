@@ -38,7 +38,7 @@ from trackpoint.bundle.reader import BundleReader
 from trackpoint.checkpoint.unrestored import WarningState, warn_unrestored
 from trackpoint.checkpoint.weak_objects import IdentityWeakSet, WeakObjects
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.graph.keys import escape_local_name
+from trackpoint.graph.keys import ADVISORY_ATTRIBUTES, escape_local_name
 from trackpoint.graph.walk import node_names
 from trackpoint.saving.devices import DeviceValue
 from trackpoint.saving.options import CheckpointOptions
@@ -390,9 +390,10 @@ class CheckpointPosition:
             ):
                 matched = None  # an old alias next to the current name: the current one wins
             if matched is None:
-                coordinator.unused_attributes.setdefault(self._proto_id, []).append(
-                    attribute.name
-                )
+                if attribute.name not in ADVISORY_ATTRIBUTES:
+                    coordinator.unused_attributes.setdefault(self._proto_id, []).append(
+                        attribute.name
+                    )
                 continue
             keys[matched] = attribute.checkpoint_key
         if not keys:

@@ -11,7 +11,9 @@ from __future__ import annotations
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY
 
 __all__ = [
+    "ADVISORY_ATTRIBUTES",
     "ATTRIBUTES",
+    "JAX_METADATA",
     "OBJECT_ATTRIBUTES_NAME",
     "OBJECT_GRAPH_KEY",
     "OPTIMIZER_SLOTS_NAME",
@@ -37,6 +39,12 @@ OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 """The key of the serialized ``TrackableObjectGraph`` (a scalar DT_STRING value)."""
 SAVE_COUNTER = "save_counter"
 """Local name of the int64 variable that numbers ``Checkpoint.save()`` calls."""
+JAX_METADATA = "jax_metadata"
+"""Attribute of a JAX array's node: JSON naming its PRNG key implementation or ``weak_type``."""
+ADVISORY_ATTRIBUTES = frozenset({JAX_METADATA})
+"""Attribute names that describe a value rather than hold state (``jax_metadata``: a JAX PRNG
+key's implementation, an array's ``weak_type``). An object that cannot use one loses nothing,
+so a restore does not report it as unused."""
 
 
 def escape_local_name(name: str) -> str:

@@ -19,6 +19,10 @@ TensorFlow); ``Checkpoint.read``/``restore`` refuse jax leaves with a message po
 
     state = tp.jax.restore("/ckpts/run", {"params": params, "opt_state": opt_state, "step": step})
 
+Targets may be abstract (``jax.eval_shape``/``nnx.eval_shape`` output, PRNG keys included);
+``tp.jax.restore("/ckpts/run")`` without a target returns the saved tree as nested dicts and
+lists. A key's implementation and an array's ``weak_type`` are recorded next to the value.
+
 Limits: single-process JAX (arrays whose shards this process addresses).
 """
 

@@ -9,7 +9,9 @@ fully replicated array is an ordinary unsliced tensor, so TensorFlow reads eithe
 dtypes: jax's narrow floats and ints are ``ml_dtypes`` types, which the bundle layer maps to
 TF DataTypes directly (``bundle/dtypes.py``): bfloat16, the float8 family TF knows, int4/uint4,
 int2/uint2 and float4_e2m1fn. float8_e3m4, float8_e4m3 and float8_e8m0fnu have no TF DataType
-and are refused when the value is tracked. Typed PRNG keys are saved as their ``key_data``.
+and are refused when the value is tracked. Typed PRNG keys are saved as their ``key_data``,
+their implementation (and a weakly typed array's ``weak_type``) as a small JSON value next to
+it (``jax_metadata.py``).
 
 The device-to-host copy of a save overlaps across leaves: ``_serialize_to_tensors`` starts
 ``copy_to_host_async()`` on every shard and returns callables that wait for it; graph
@@ -22,6 +24,7 @@ JAX arrays are immutable, so these adapters cannot be restored in place:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,6 +34,8 @@ import numpy as np
 from trackpoint.bundle.dtypes import datatype_for
 from trackpoint.bundle.slice_spec import TensorSlice, format_slice_spec
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
+from trackpoint.integrations.jax_metadata import JAX_METADATA, is_key_array, metadata_of
+from trackpoint.saving.change_tracking import ValueVersion
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
 from trackpoint.tracking.save_check import SaveChecked
 
@@ -50,11 +55,6 @@ _IMMUTABLE_HINT = (
     "values with tp.jax.restore(path, target), e.g. "
     "state = tp.jax.restore(path, {'params': params, 'opt_state': opt_state})"
 )
-
-
-def is_key_array(value: Any) -> bool:
-    """True for a typed PRNG key array (``jax.random.key``), stored as its ``key_data``."""
-    return bool(jax.numpy.issubdtype(value.dtype, jax.dtypes.prng_key))
 
 
 def check_storable_dtype(dtype: Any, *, what: str) -> np.dtype[Any]:
@@ -193,15 +193,25 @@ class ArrayLeaf(SaveChecked, Trackable):
         array = jax.random.key_data(self._array) if is_key_array(self._array) else self._array
         shape = tuple(array.shape)
         slices = shard_slices(array)
+        values: dict[str, Any]
         if len(slices) == 1 and slices[0][0] is None:
-            return {VARIABLE_VALUE_KEY: host_value(slices[0][1])}
-        return {
-            VARIABLE_VALUE_KEY: {
-                format_slice_spec(shape, tensor_slice): host_value(data)
-                for tensor_slice, data in slices
-                if tensor_slice is not None
+            values = {VARIABLE_VALUE_KEY: host_value(slices[0][1])}
+        else:
+            values = {
+                VARIABLE_VALUE_KEY: {
+                    format_slice_spec(shape, tensor_slice): host_value(data)
+                    for tensor_slice, data in slices
+                    if tensor_slice is not None
+                }
             }
-        }
+        metadata = metadata_of(self._array)
+        if metadata is not None:  # a key's implementation, weak_type: not in the bytes
+            values[JAX_METADATA] = metadata.to_value()
+        return values
+
+    def _value_versions(self) -> dict[str, ValueVersion | None]:
+        """Incremental saves: a jax.Array is immutable, so the same array is the same value."""
+        return {VARIABLE_VALUE_KEY: ValueVersion(weakref.ref(self._array))}
 
     def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
         # docstring inherited: raised before any object of the restore changes

@@ -6,20 +6,21 @@ tracked containers write), the way ``Checkpoint.restore`` matches objects
 (tf-checkpoint-format.md §9.4). Every check runs before any value is read: the structure
 (missing and extra values), then each leaf's shape and dtype (no casting).
 
-Values are read through the one restore engine (trackpoint/saving/restore.py): every value is
-read and its crc32c verified before any leaf is built. Each jax leaf is rebuilt on the target's
-sharding: one box per distinct shard index (for a checkpoint that stores the tensor in slices,
-each box is read with ``BundleReader.read_slice``, which touches only the stored slices that
-intersect it, so a sharded checkpoint is resharded without reading everything on every device),
-put on each device that holds that index, and assembled with
-``jax.make_array_from_single_device_arrays``.
+Targets may be abstract (``jax.ShapeDtypeStruct`` leaves, typed PRNG keys included, as
+``jax.eval_shape`` and ``nnx.eval_shape`` make them). A key's implementation comes from the
+target and is checked against the one the checkpoint records (``jax_metadata.py``) before
+anything is read; a jax leaf takes the target's ``weak_type``, as it takes its dtype and
+sharding. Without a target the saved tree itself is rebuilt (``jax_saved_tree.py``).
+
+Values are read through the one restore engine (trackpoint/saving/restore.py) with one
+:class:`~trackpoint.integrations.jax_leaf_targets.LeafTarget` per leaf: every value is read
+and its crc32c verified before any leaf is built, each jax leaf on the target's sharding.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -27,16 +28,23 @@ import numpy as np
 
 from trackpoint._types import PathLike
 from trackpoint.bundle.reader import BundleReader
-from trackpoint.bundle.slice_spec import TensorSlice, format_slice_spec
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph.keys import SAVE_COUNTER, checkpoint_key, escape_local_name
-from trackpoint.integrations.jax_arrays import index_bounds, is_key_array
+from trackpoint.integrations.jax_leaf_targets import LeafSpec, restore_item
+from trackpoint.integrations.jax_metadata import (
+    JAX_METADATA,
+    decode_metadata,
+    is_key_array,
+    key_data_spec,
+    key_impl_name,
+)
 from trackpoint.integrations.jax_pytrees import leaves_with_names, readable
+from trackpoint.integrations.jax_saved_tree import restore_saved_tree
 from trackpoint.management.paths import resolve_prefix
 from trackpoint.management.reader import CheckpointReader
 from trackpoint.saving.options import CheckpointOptions
-from trackpoint.saving.restore import RestoreItem, restore_items
-from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
+from trackpoint.saving.restore import restore_items
+from trackpoint.tracking.base import VARIABLE_VALUE_KEY
 
 __all__ = ["restore"]
 
@@ -51,19 +59,6 @@ _PY_SCALAR_DTYPES: dict[type, frozenset[np.dtype[Any]]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class _Leaf:
-    """One target leaf and where the checkpoint keeps its value."""
-
-    position: int
-    """Index in the flattened target."""
-    path: tuple[Any, ...]
-    """jax key path, for messages."""
-    target: Any
-    key: str
-    """Checkpoint key of its ``VARIABLE_VALUE`` (the expected key if missing)."""
-
-
 def _expected_key(names: Sequence[str]) -> str:
     return checkpoint_key("/".join(escape_local_name(n) for n in names), VARIABLE_VALUE_KEY)
 
@@ -75,7 +70,7 @@ def _shown(items: list[str]) -> str:
 
 def _match(
     reader: CheckpointReader, target: Any, prefix: str
-) -> tuple[list[_Leaf], list[_Leaf], list[str], Any]:
+) -> tuple[list[LeafSpec], list[LeafSpec], list[str], Any]:
     """Target leaves found in the checkpoint, those missing, unused checkpoint keys, treedef."""
     proto = reader.object_graph()
     if proto is None or not proto.nodes:
@@ -91,24 +86,26 @@ def _match(
             edges.setdefault(child.local_name, child.node_id)
         children.append(edges)
     leaves, treedef = leaves_with_names(target)
-    found: list[_Leaf] = []
-    missing: list[_Leaf] = []
+    found: list[LeafSpec] = []
+    missing: list[LeafSpec] = []
     used_nodes: set[int] = set()
     for position, (names, path, leaf) in enumerate(leaves):
         node_id: int | None = 0
         for name in names:
             node_id = children[node_id].get(name) if node_id is not None else None
-        key = None
+        key = metadata_key = None
         if node_id is not None and 0 <= node_id < len(proto.nodes):
             for attribute in proto.nodes[node_id].attributes:
                 if attribute.name == VARIABLE_VALUE_KEY:
                     key = attribute.checkpoint_key
+                elif attribute.name == JAX_METADATA:
+                    metadata_key = attribute.checkpoint_key
         if key is None or not reader.has_tensor(key):
-            missing.append(_Leaf(position, path, leaf, key or _expected_key(names)))
+            missing.append(LeafSpec(position, path, leaf, key or _expected_key(names)))
         else:
             assert node_id is not None
             used_nodes.add(node_id)
-            found.append(_Leaf(position, path, leaf, key))
+            found.append(LeafSpec(position, path, leaf, key, metadata_key))
     ignored = set(used_nodes)
     if all(names[:1] != (SAVE_COUNTER,) for names, _, _ in leaves):
         # Checkpoint.save() bookkeeping, not program state (as the load status treats it).
@@ -123,18 +120,13 @@ def _match(
     return found, missing, unused, treedef
 
 
-def _target_spec(leaf: _Leaf) -> tuple[tuple[int, ...], frozenset[np.dtype[Any]]]:
+def _target_spec(leaf: LeafSpec) -> tuple[tuple[int, ...], frozenset[np.dtype[Any]]]:
     """Shape and the dtypes the checkpoint may hold for ``leaf`` (one, except for Python
     scalars)."""
     target = leaf.target
     if isinstance(target, (jax.Array, jax.ShapeDtypeStruct)):
-        if isinstance(target, jax.ShapeDtypeStruct) and is_key_array(target):
-            raise InvalidArgumentError(
-                f"the target leaf {readable(leaf.path)} is an abstract PRNG key; pass a "
-                "concrete key array (e.g. jax.random.key(0)) so its implementation is known"
-            )
-        if isinstance(target, jax.Array) and is_key_array(target):
-            data = jax.eval_shape(jax.random.key_data, target)
+        if is_key_array(target):  # concrete or abstract: the key_data is stored
+            data = key_data_spec(target)
             return tuple(data.shape), frozenset({np.dtype(data.dtype)})
         return tuple(target.shape), frozenset({np.dtype(target.dtype)})
     if isinstance(target, (np.ndarray, np.generic)):
@@ -148,9 +140,14 @@ def _target_spec(leaf: _Leaf) -> tuple[tuple[int, ...], frozenset[np.dtype[Any]]
     )
 
 
-def _check(reader: BundleReader, leaves: list[_Leaf], prefix: str) -> None:
-    """Every leaf's stored shape and dtype equal the target's; one error lists all that differ."""
-    problems: list[tuple[_Leaf, str]] = []
+def _check(reader: BundleReader, leaves: list[LeafSpec], prefix: str) -> list[LeafSpec]:
+    """Every leaf's stored shape and dtype equal the target's; one error lists all that differ.
+
+    Returns:
+        The leaves with what to build resolved: a key target's implementation (checked against
+        the recorded one), a jax target's ``weak_type``.
+    """
+    problems: list[tuple[LeafSpec, str]] = []
     for leaf in leaves:
         shape, dtypes = _target_spec(leaf)
         stored_shape, stored_dtype = tuple(reader.shape(leaf.key)), reader.dtype(leaf.key)
@@ -172,87 +169,50 @@ def _check(reader: BundleReader, leaves: list[_Leaf], prefix: str) -> None:
             path=prefix,
             key=problems[0][0].key,
         )
+    return _resolve(reader, leaves, prefix)
 
 
-def _default_sharding() -> jax.sharding.Sharding:
-    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-
-
-class _LeafTarget(Trackable):
-    """One leaf of the result, as the restore engine sees it.
-
-    The engine reads and verifies the leaf's value (or, for a checkpoint that stores the tensor
-    in slices, one box per distinct shard index of the target's sharding); ``_prepare_restore``
-    builds the new leaf from the verified bytes, and its apply step stores it in the result.
-    """
-
-    def __init__(self, leaf: _Leaf, shape: tuple[int, ...], results: list[Any]) -> None:
-        self._leaf = leaf
-        self._shape = shape
-        self._results = results
-        self._boxes: dict[tuple[tuple[int, int], ...], list[Any]] = {}
+def _resolve(reader: BundleReader, leaves: list[LeafSpec], prefix: str) -> list[LeafSpec]:
+    """``leaves`` with ``prng_impl``/``weak_type`` set from their targets; the error lists every
+    key target whose implementation differs from the recorded one."""
+    resolved: list[LeafSpec] = []
+    problems: list[tuple[LeafSpec, str]] = []
+    for leaf in leaves:
         target = leaf.target
-        if isinstance(target, (jax.Array, jax.ShapeDtypeStruct)) and not is_key_array(target):
-            sharding = target.sharding if target.sharding is not None else _default_sharding()
-            for device, index in sharding.addressable_devices_indices_map(shape).items():
-                bounds = (
-                    index_bounds(index, shape) if index is not None
-                    else tuple((0, size) for size in shape)  # the whole array on this device
-                )
-                self._boxes.setdefault(bounds, []).append(device)
-
-    def box_specs(self) -> dict[str, None]:
-        """``{slice spec: None}`` of every box to read from a checkpoint that stores slices."""
-        specs: dict[str, None] = {}
-        for bounds in self._boxes:
-            tensor_slice = TensorSlice.from_bounds(
-                [start for start, _ in bounds], [stop - start for start, stop in bounds]
-            )
-            specs[format_slice_spec(self._shape, tensor_slice)] = None
-        return specs
-
-    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
-        # docstring inherited: builds the new leaf; nothing of the program changes
-        value = self._build(restored_tensors[VARIABLE_VALUE_KEY])
-        return functools.partial(self._results.__setitem__, self._leaf.position, value)
-
-    def _box(self, saved: Any, bounds: tuple[tuple[int, int], ...]) -> np.ndarray:
-        """A new array holding ``bounds`` (safe to hand to a device: owns its memory)."""
-        if isinstance(saved, Mapping):  # read as slices: one verified box per spec
-            tensor_slice = TensorSlice.from_bounds(
-                [start for start, _ in bounds], [stop - start for start, stop in bounds]
-            )
-            return np.array(saved[format_slice_spec(self._shape, tensor_slice)], copy=True)
-        return np.array(saved[tuple(slice(s, e) for s, e in bounds)], copy=True)
-
-    def _build(self, saved: Any) -> Any:
-        target = self._leaf.target
         if not isinstance(target, (jax.Array, jax.ShapeDtypeStruct)):
-            value = np.array(saved, copy=True)
-            if isinstance(target, np.ndarray):
-                return value
-            if isinstance(target, np.generic):
-                return value[()]
-            return type(target)(value[()])
-        sharding = target.sharding if target.sharding is not None else _default_sharding()
-        if is_key_array(target):
-            assert isinstance(target, jax.Array)  # abstract key targets are refused by _check
-            data = jax.numpy.asarray(np.array(saved, copy=True))
-            keys = jax.random.wrap_key_data(data, impl=jax.random.key_impl(target))
-            return jax.device_put(keys, sharding)
-        memory_kind = getattr(sharding, "memory_kind", None)
-        arrays = []
-        for bounds, devices in self._boxes.items():
-            piece = self._box(saved, bounds)
-            for device in devices:
-                placement = jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)
-                arrays.append(jax.device_put(piece, placement))
-        return jax.make_array_from_single_device_arrays(self._shape, sharding, arrays)
+            resolved.append(leaf)
+            continue
+        if not is_key_array(target):
+            weak = bool(getattr(target, "weak_type", False))
+            resolved.append(dataclasses.replace(leaf, weak_type=weak))
+            continue
+        impl = key_impl_name(target)
+        if leaf.metadata_key is not None:  # earlier checkpoints record none: the target decides
+            saved = decode_metadata(
+                reader.read(leaf.metadata_key), prefix=prefix, key=leaf.metadata_key
+            ).prng_impl
+            if saved != impl:
+                stored = f"PRNG keys of implementation {saved!r}" if saved else "no PRNG keys"
+                problems.append((leaf, (
+                    f"{readable(leaf.path)} ({leaf.key}): the checkpoint holds {stored}, the "
+                    f"target is {target.dtype} ({impl!r})"
+                )))
+        resolved.append(dataclasses.replace(leaf, prng_impl=impl))
+    if problems:
+        raise InvalidArgumentError(
+            f"cannot restore from {prefix}: {len(problems)} PRNG key leaves differ in "
+            f"implementation: {_shown([text for _, text in problems])}. Keys are not converted "
+            "between implementations; build the target with the saved one (e.g. "
+            "jax.random.key(0, impl='rbg')), or restore the raw key data with a uint32 target",
+            path=prefix,
+            key=problems[0][0].key,
+        )
+    return resolved
 
 
 def restore(
     path: PathLike,
-    target: Any,
+    target: Any = None,
     *,
     partial: bool = False,
     options: CheckpointOptions | None = None,
@@ -261,10 +221,16 @@ def restore(
 
     JAX arrays are immutable, so nothing is restored in place: every leaf of the result is a
     new value with the target leaf's shape and dtype, and jax leaves are placed on the target
-    leaf's sharding (any sharding: the checkpoint's own layout does not matter). Targets may be
-    abstract: a ``jax.ShapeDtypeStruct`` (with a ``sharding``, or the default device) allocates
-    nothing before the read. numpy leaves come back as new numpy arrays, Python scalars as the
-    same Python type.
+    leaf's sharding (any sharding: the checkpoint's own layout does not matter) with its
+    ``weak_type``. Targets may be abstract: ``jax.ShapeDtypeStruct`` leaves (with a
+    ``sharding``, or the default device), typed PRNG keys among them, allocate nothing before
+    the read, so the Flax pattern ``nnx.split(nnx.eval_shape(make_model))`` gives a target.
+    numpy leaves come back as new numpy arrays, Python scalars as the same Python type. A key
+    leaf is rebuilt with the target's implementation, which must be the recorded one.
+
+    Without a target (``restore(path)``) the saved tree itself is returned: nested dicts and
+    lists rebuilt from the object graph, jax arrays on the default device (see
+    :func:`~trackpoint.integrations.jax_saved_tree.restore_saved_tree` for the details).
 
     A checkpoint written by ``tp.Checkpoint(params=p, opt_state=o)`` (``write`` or ``save``) is
     restored with the target ``{"params": p, "opt_state": o}``: the dict keys play the part of
@@ -273,10 +239,11 @@ def restore(
 
     Args:
         path: a checkpoint prefix, or a directory (its latest checkpoint).
-        target: the pytree to mirror.
+        target: the pytree to mirror, or None for the saved tree.
         partial: restore what matches. Checkpoint values the target lacks are ignored; target
             leaves the checkpoint lacks keep their target value (abstract ones are an error).
-            Off (the default), both are an error, like ``assert_consumed()``.
+            Off (the default), both are an error, like ``assert_consumed()``. Without a
+            target everything is restored.
         options: accepted for symmetry with ``Checkpoint.read`` (values are read through the
             one restore engine, which verifies every value before any leaf is built).
 
@@ -287,7 +254,8 @@ def restore(
         NotFoundError: no checkpoint at ``path``.
         InvalidArgumentError: the checkpoint and ``target`` do not match: leaves missing or
             extra (listed, with their key paths and checkpoint keys), or shapes/dtypes differ
-            (listed); a target leaf of an unsupported type. Raised before anything is read.
+            (listed), PRNG key implementations differ (listed); a target leaf of an
+            unsupported type. Raised before any value is read.
         DataLossError: the files are damaged.
 
     Example:
@@ -297,31 +265,25 @@ def restore(
     CheckpointOptions.resolve(options)  # refuses anything but options or None
     prefix = resolve_prefix(path)
     with CheckpointReader(prefix) as reader:
+        if target is None:
+            return restore_saved_tree(reader, prefix)
         found, missing, unused, treedef = _match(reader, target, prefix)
         abstract = [leaf for leaf in missing if isinstance(leaf.target, jax.ShapeDtypeStruct)]
         if (missing or unused) and (not partial or abstract):
             _raise_mismatch(prefix, missing, unused, abstract if partial else None)
         bundle = reader.bundle
-        _check(bundle, found, prefix)
+        found = _check(bundle, found, prefix)
         values: list[Any] = [None] * (len(found) + len(missing))
         for leaf in missing:
             values[leaf.position] = leaf.target
-        items = []
-        for leaf in found:
-            target = _LeafTarget(leaf, tuple(bundle.shape(leaf.key)), values)
-            # A tensor stored in slices is read box by box (only the slices each box touches);
-            # an unsliced one is read, and verified, once and cut into boxes from the mapping.
-            sliced = bool(bundle.slices(leaf.key)) and bool(target.box_specs())
-            layouts = {VARIABLE_VALUE_KEY: target.box_specs()} if sliced else None
-            items.append(RestoreItem(target, {VARIABLE_VALUE_KEY: leaf.key}, readable(leaf.path),
-                                     layouts))
+        items = [restore_item(leaf, bundle, values, readable(leaf.path)) for leaf in found]
         # The one restore engine: every value read and verified, then the leaves built.
         restore_items(items, bundle, prefix=prefix)
     return jax.tree_util.tree_unflatten(treedef, values)
 
 
 def _raise_mismatch(
-    prefix: str, missing: list[_Leaf], unused: list[str], abstract: list[_Leaf] | None
+    prefix: str, missing: list[LeafSpec], unused: list[str], abstract: list[LeafSpec] | None
 ) -> None:
     if abstract is not None:
         raise InvalidArgumentError(
