@@ -190,6 +190,63 @@ class TrackpointCheckpoint(System):
         return out
 
 
+class TrackpointDict(System):
+    """One ``tp.Checkpoint(state=d)`` over the flat dict, saved and restored again and again
+    (a training loop): what stays the same between saves may be reused."""
+
+    key = "tp-dict"
+    label = "trackpoint, one Checkpoint(state=dict)"
+    group = "trackpoint"
+    in_place = True
+
+    def unavailable(self) -> str | None:
+        return TrackpointCheckpoint().unavailable()
+
+    def prepare_save(self, state: State) -> Any:
+        return _tp_api()[0](state=dict(state))
+
+    def save(self, native: Any, prefix: str) -> None:
+        native.write(prefix)
+
+    def make_template(self, specs: tuple[TensorSpec, ...]) -> Any:
+        arrays = zeros_like_specs(specs)
+        return _tp_api()[0](state=arrays), arrays
+
+    def reset_template(self, template: Any) -> None:
+        super().reset_template(template[1])
+
+    def restore(self, prefix: str, template: Any) -> Any:
+        ckpt, arrays = template
+        ckpt.read(prefix).assert_consumed()
+        return arrays
+
+    def to_numpy(self, restored: Any, specs: tuple[TensorSpec, ...]) -> State:
+        return dict(restored)
+
+
+class TrackpointDictFresh(TrackpointDict):
+    """A new ``tp.Checkpoint(state=d)`` for every save and every restore: nothing to reuse."""
+
+    key = "tp-dict-fresh"
+    label = "trackpoint, fresh Checkpoint(state=dict)"
+
+    def prepare_save(self, state: State) -> Any:
+        return dict(state)
+
+    def save(self, native: Any, prefix: str) -> None:
+        _tp_api()[0](state=native).write(prefix)
+
+    def make_template(self, specs: tuple[TensorSpec, ...]) -> Any:
+        return zeros_like_specs(specs)
+
+    def reset_template(self, template: Any) -> None:
+        System.reset_template(self, template)
+
+    def restore(self, prefix: str, template: Any) -> Any:
+        _tp_api()[0](state=template).read(prefix).assert_consumed()
+        return template
+
+
 # -- TensorFlow --------------------------------------------------------------------------------
 def _tf_unavailable() -> str | None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -458,6 +515,8 @@ class Orbax(System):
 
 SYSTEMS: tuple[type[System], ...] = (
     TrackpointCheckpoint,
+    TrackpointDict,
+    TrackpointDictFresh,
     TrackpointBundle,
     TFCheckpoint,
     TFRawBundle,

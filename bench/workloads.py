@@ -126,6 +126,17 @@ def _small(count: int) -> Workload:
     return Workload("small", f"{count:,} small float32 tensors", specs)
 
 
+def _small_dict(count: int) -> Workload:
+    # issue 19's case: float32 values of 64–191 elements in one flat dict whose keys have "/"
+    # (as a state_dict flattened with "/" would): the object layer's cost per value shows.
+    specs = tuple(
+        TensorSpec(f"layer{i // 8:05d}/w{i % 8}", (64 + (i * 37) % 128,), np.dtype(np.float32))
+        for i in range(count)
+    )
+    return Workload("small-dict", f"{count:,} small float32 values in a dict with '/' keys",
+                    specs)
+
+
 def _mixed(d: int, layers: int, vocab: int) -> Workload:
     """A transformer-shaped state: bf16 weights, fp32 Adam slots m and v, an int64 step."""
     params: list[tuple[str, tuple[int, ...]]] = [("embed", (vocab, d))]
@@ -152,12 +163,14 @@ def _mixed(d: int, layers: int, vocab: int) -> Workload:
 _FULL: dict[str, Callable[[], Workload]] = {
     "1gib": lambda: _uniform("1gib", "64 float32 tensors", 64, (2048, 2048), False),
     "small": lambda: _small(100_000),
+    "small-dict": lambda: _small_dict(100_000),
     "mixed": lambda: _mixed(1024, 6, 16384),
     "4gib": lambda: _uniform("4gib", "64 float32 tensors", 64, (4096, 4096), True),
 }
 _QUICK: dict[str, Callable[[], Workload]] = {
     "1gib": lambda: _uniform("1gib", "64 float32 tensors", 64, (128, 256), False),
     "small": lambda: _small(1_000),
+    "small-dict": lambda: _small_dict(1_000),
     "mixed": lambda: _mixed(64, 2, 512),
     "4gib": lambda: _uniform("4gib", "64 float32 tensors", 64, (256, 256), True),
 }
