@@ -362,7 +362,9 @@ class CheckpointPosition:
             # The common case (a variable): one value, stored under its own escaped name.
             ((own_name, value),) = live.items()
             attribute = attributes[0]
-            if attribute.name == escape_local_name(own_name):
+            # ("VARIABLE_VALUE" and most names escape to themselves: skip building the copy)
+            plain = "." not in own_name and "/" not in own_name
+            if attribute.name == (own_name if plain else escape_local_name(own_name)):
                 if plan.plan(trackable):
                     layouts = {own_name: value} if _has_layout(value) else None
                     plan.items.append(RestoreItem(

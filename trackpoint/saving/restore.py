@@ -32,8 +32,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -112,9 +111,12 @@ def agreement_pending() -> bool:
     return agreement is not None and not agreement.voted
 
 
-@dataclass(frozen=True, slots=True)
-class RestoreItem:
-    """One object of a restore and where the checkpoint keeps each of its values."""
+class RestoreItem(NamedTuple):
+    """One object of a restore and where the checkpoint keeps each of its values.
+
+    A named tuple (immutable, and built at a fraction of a frozen dataclass's cost: a restore
+    of 100,000 variables builds 100,000 of them).
+    """
 
     trackable: Trackable
     """The object whose ``_prepare_restore`` receives the values."""

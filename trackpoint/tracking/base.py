@@ -255,6 +255,9 @@ class Trackable:
         restorations keep waiting for a child that fits.
         """
         self._maybe_initialize_trackable()
+        named = self.__dict__.get("_self_name_based")
+        if not self._self_deferred and not named:
+            return  # nothing waits (every child of a new container): no per-child work
         trackable._maybe_initialize_trackable()
         pending = self._self_deferred.pop(name, ())
         ordered = sorted(pending, key=lambda p: p.restore_uid, reverse=True)
@@ -264,7 +267,6 @@ class Trackable:
             except BaseException:
                 self._self_deferred.setdefault(name, []).extend(ordered[done:])
                 raise
-        named = self.__dict__.get("_self_name_based")
         for restoration in sorted(named or (), key=lambda r: r.restore_uid, reverse=True):
             restoration.restore_child(name, trackable)
 
