@@ -33,7 +33,7 @@ import torch
 
 from trackpoint.checkpoint import Checkpoint
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.graph.keys import escape_local_name, variable_key
+from trackpoint.graph.keys import SAVE_COUNTER, escape_local_name, variable_key
 from trackpoint.integrations.torch_tensors import TensorVariable
 from trackpoint.management import CheckpointManager
 from trackpoint.saving import CheckpointOptions
@@ -77,7 +77,7 @@ TORCH_TAG = "__torch__"
 PATH_TAG = "__path__"
 """A ``pathlib`` path: ``{"type": class name, "path": str}``."""
 # Root names Checkpoint itself uses; a top-level key spelled so is stored as "_<key>".
-_RESERVED = frozenset({CHECKPOINT_DICT_NAME, "save_counter", "root"})
+_RESERVED = frozenset({CHECKPOINT_DICT_NAME, SAVE_COUNTER, "root"})
 # A dotted name nests like a module's state_dict key ("net.0.weight" -> net/0/weight).
 _DOTTED = re.compile(r"[\w-]+(?:\.[\w-]+)+")
 

@@ -11,7 +11,7 @@ import numpy as np
 from trackpoint._types import PathLike
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.errors import NotFoundError
-from trackpoint.graph.keys import OBJECT_GRAPH_KEY
+from trackpoint.graph.keys import ATTRIBUTES, OBJECT_GRAPH_KEY, variable_key
 from trackpoint.management.paths import resolve_prefix
 from trackpoint.management.reader import CheckpointReader
 
@@ -41,8 +41,8 @@ def load_variable(path: PathLike, key: str) -> np.ndarray:
     A bare name without ``/.ATTRIBUTES/`` is tried as ``name/.ATTRIBUTES/VARIABLE_VALUE`` too.
     """
     with load_checkpoint(path) as reader:
-        if not reader.has_tensor(key) and "/.ATTRIBUTES/" not in key:
-            candidate = f"{key}/.ATTRIBUTES/VARIABLE_VALUE"
+        if not reader.has_tensor(key) and ATTRIBUTES not in key:
+            candidate = variable_key(key)
             if reader.has_tensor(candidate):
                 key = candidate
         return reader.get_tensor(key)
