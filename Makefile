@@ -40,6 +40,7 @@ bench: $(VENV)/.installed-dev
 	$(PY) bench/run.py
 	$(PY) bench/shards.py
 	$(PY) bench/distributed.py
+	$(PY) bench/incremental.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

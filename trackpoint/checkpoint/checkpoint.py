@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from trackpoint import metrics
 from trackpoint._gc import collector_paused
 from trackpoint._types import PathLike, fspath
 from trackpoint.checkpoint.load_status import (
@@ -26,9 +25,15 @@ from trackpoint.checkpoint.load_status import (
     InitializationOnlyStatus,
     LoadStatus,
 )
+from trackpoint.checkpoint.name_based import restore_name_based
 from trackpoint.checkpoint.restore import CheckpointPosition, RestoreCoordinator
+from trackpoint.checkpoint.writer_lock import (
+    hold_directory,
+    refuse_overwriting_live_writer,
+    refuse_replacing,
+)
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.graph.keys import OBJECT_GRAPH_KEY, SAVE_COUNTER
+from trackpoint.graph.keys import SAVE_COUNTER
 from trackpoint.graph.walk import ObjectGraphView, serialize_graph
 from trackpoint.management.paths import resolve_prefix
 from trackpoint.management.reader import CheckpointReader
@@ -36,14 +41,17 @@ from trackpoint.management.state_file import (
     checkpoint_directory,
     write_checkpoint_state,
 )
+from trackpoint.metrics import registry as metrics
 from trackpoint.saving import (
     AsyncWriter,
     CheckpointOptions,
     MultiDeviceSaver,
     ProgressEvent,
+    SaveHistory,
     get_registered_saver_name,
     registered_savers,
 )
+from trackpoint.storage import storage_for
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.autotrackable import AutoTrackable
 from trackpoint.tracking.base import Trackable, TrackableReference
@@ -99,9 +107,16 @@ class Checkpoint(AutoTrackable):
         >>> ckpt.restore(path).assert_consumed()              # weights is zeros again, in place
     """
 
+    # Set with object.__setattr__ (AutoTrackable would track them); declared for type checkers.
+    _self_view: ObjectGraphView
+    _self_save_counter: Variable | None
+    _self_async: AsyncWriter | None
+    _self_history: SaveHistory  # the previous checkpoint, for incremental saves
+
     def __init__(self, root: Any = None, **children: Any) -> None:
         object.__setattr__(self, "_self_save_counter", None)
         object.__setattr__(self, "_self_async", None)
+        object.__setattr__(self, "_self_history", SaveHistory())
         attached: list[TrackableReference] | None = None
         trackable_root: Trackable | None = None
         if root is not None:
@@ -146,6 +161,8 @@ class Checkpoint(AutoTrackable):
         for name, value in self.__dict__.items():
             if name == "_self_async":
                 object.__setattr__(copied, name, None)  # threads are not copied
+            elif name == "_self_history":
+                object.__setattr__(copied, name, SaveHistory())  # the copy saved nothing yet
             else:
                 object.__setattr__(copied, name, copy.deepcopy(value, memo))
         return copied
@@ -157,7 +174,7 @@ class Checkpoint(AutoTrackable):
         For savers layered on top of ``Checkpoint`` (``trackpoint.distributed``) that gather the
         same values with :func:`trackpoint.graph.serialize_graph` and write them their own way.
         """
-        return self._self_view  # type: ignore[no-any-return]
+        return self._self_view
 
     # -- save counter ------------------------------------------------------------------------
 
@@ -169,7 +186,9 @@ class Checkpoint(AutoTrackable):
         to the saved number at once.
         """
         self._maybe_create_save_counter()
-        return self._self_save_counter  # type: ignore[no-any-return]
+        counter = self._self_save_counter
+        assert counter is not None  # created just above
+        return counter
 
     def _maybe_create_save_counter(self) -> None:
         if self._self_save_counter is not None:
@@ -205,22 +224,36 @@ class Checkpoint(AutoTrackable):
             InvalidArgumentError: a value cannot be saved (names the key), or a tracked list
                 or dict was mutated so that it cannot be restored reliably ("Unable to save").
             NotImplementedError: a ``NotTrackable`` object is reachable.
+            FailedPreconditionError: ``prefix`` is a committed checkpoint in a directory whose
+                writer lock another live process holds (one writer per directory).
             CheckpointError: writing failed; nothing was committed.
         """
-        return self._write(fspath(prefix), CheckpointOptions.resolve(options))
+        prefix_str, options = fspath(prefix, argument="prefix"), CheckpointOptions.resolve(options)
+        refuse_overwriting_live_writer(prefix_str, options.storage)
+        return self._write(prefix_str, options)
 
     def _write(self, prefix: str, options: CheckpointOptions) -> str:
         timing = metrics.begin_write()  # the training loop's wait starts here
         with collector_paused():  # see trackpoint._gc: a third of the time for many tensors
             return self._write_unpaused(prefix, options, timing)
 
-    def _write_unpaused(
-        self, prefix: str, options: CheckpointOptions, timing: metrics.WriteTiming
-    ) -> str:
+    def _make_saver(self) -> MultiDeviceSaver:
+        """The saver of this write: the graph's values, gathered now (the step that writes).
+
+        ``trackpoint.distributed.DistributedCheckpoint`` overrides it with a saver whose
+        ``save`` is one rank's part of a collective save; the rest of the write is this class's.
+        """
         # No registered savers (the usual case): skip asking for each of the graph's objects.
         saver_for = get_registered_saver_name if registered_savers() else None
         graph = serialize_graph(self._self_view, registered_saver_for=saver_for)
-        saver = MultiDeviceSaver(graph.tensors, graph.registered_savers)
+        return MultiDeviceSaver(graph.tensors, graph.registered_savers)
+
+    def _write_unpaused(
+        self, prefix: str, options: CheckpointOptions, timing: metrics.WriteTiming
+    ) -> str:
+        saver = self._make_saver()
+        if options.incremental:
+            saver.use_history(self._self_history)
         async_writer: AsyncWriter | None = self._self_async
         if options.enable_async:
             if async_writer is None:
@@ -239,21 +272,33 @@ class Checkpoint(AutoTrackable):
         the user's write callbacks). Nothing is deleted: use ``tp.CheckpointManager`` to keep
         only recent checkpoints.
 
+        One writer per directory: the first save into a directory takes its writer lock and
+        this Checkpoint keeps it while it lives (shared with this process's
+        ``CheckpointManager``s; released when the Checkpoint is garbage collected or the
+        process exits or dies). A Checkpoint that has neither saved nor been restored never
+        replaces a committed checkpoint (docs/design.md).
+
         Returns:
             The checkpoint's prefix, e.g. ``"/tmp/ckpt-3"``.
 
         Raises:
+            FailedPreconditionError: another process holds the directory's writer lock (the
+                message names its host and pid), or ``save_counter`` is 0 and ``<prefix>-1``
+                is a committed checkpoint (restore first; ``save_counter`` stays 0).
             Same as :meth:`write`.
         """
         options = CheckpointOptions.resolve(options)
-        prefix_str = fspath(prefix)
+        prefix_str = fspath(prefix, argument="prefix")
         counter = self.save_counter
         number = int(counter.numpy()) + 1
-        counter.assign(number)
         path = f"{prefix_str}-{number}"
+        storage = options.storage or storage_for(path)
+        hold_directory(self, storage, checkpoint_directory(path))
+        refuse_replacing(path, storage, number - 1)
+        counter.assign(number)
 
         def update_state_file() -> None:
-            write_checkpoint_state(checkpoint_directory(path), path, [path])
+            write_checkpoint_state(checkpoint_directory(path), path, [path], storage=storage)
 
         options = dataclasses.replace(
             options, write_callbacks=(*options.write_callbacks, update_state_file)
@@ -278,6 +323,8 @@ class Checkpoint(AutoTrackable):
         Objects that exist get their values now, copied into their own arrays; values for
         objects that do not exist yet are applied when they are attached. ``path`` may be a
         directory, meaning its latest checkpoint. Waits for this Checkpoint's pending writes.
+        A checkpoint without an object graph (TF1 ``Saver``) is matched by name instead
+        (``trackpoint.checkpoint.name_based``).
 
         Returns:
             A load status (``assert_consumed()`` … ``expect_partial()``).
@@ -285,8 +332,7 @@ class Checkpoint(AutoTrackable):
         Raises:
             NotFoundError: no checkpoint at ``path`` (with a hint at the ``-N`` suffix).
             InvalidArgumentError: a saved value does not fit its object (shape, dtype; names
-                the checkpoint key) — that object keeps its value — or the checkpoint has no
-                object graph.
+                the checkpoint key) — that object keeps its value.
             DataLossError: the files are damaged.
         """
         options = CheckpointOptions.resolve(options)
@@ -294,7 +340,7 @@ class Checkpoint(AutoTrackable):
         with collector_paused():  # see trackpoint._gc: a third of the time for many tensors
             return self._read(fspath(path), options)
 
-    def _read(self, path: str, options: CheckpointOptions) -> CheckpointLoadStatus:
+    def _read(self, path: str, options: CheckpointOptions) -> LoadStatus:
         started = time.perf_counter()
         prefix = resolve_prefix(path, storage=options.storage)
         with CheckpointReader(prefix, storage=options.storage) as reader:
@@ -302,18 +348,19 @@ class Checkpoint(AutoTrackable):
             # Only a progress callback needs the file sizes (a stat per file).
             sizes = reader.bundle.file_sizes() if options.progress is not None else None
         if proto is None or not proto.nodes:
-            raise InvalidArgumentError(
-                f"the checkpoint {prefix} has no object graph ({OBJECT_GRAPH_KEY}): it "
-                "was written by a name-based saver. Read its values by key with "
-                "tp.load_checkpoint() instead.",
-                path=prefix,
-            )
+            # No object graph: a TF1 Saver checkpoint, matched to objects by name.
+            return restore_name_based(self._self_view, prefix, options, index=reader.bundle)
         # The parsed index is reused by every read of this load (deferred ones too).
         coordinator = RestoreCoordinator(proto, prefix, options, index=reader.bundle)
         view: ObjectGraphView = self._self_view
         root = view.root
         children = {ref.name: ref.ref for ref in view.list_children(root)}
-        CheckpointPosition(coordinator, 0).restore(root, children)
+        try:
+            CheckpointPosition(coordinator, 0).restore(root, children)
+        except BaseException:
+            coordinator.expect_partial = True  # the error says it all; no "unrestored" warning
+            raise
+        self._self_history.restored(prefix, options.storage)  # incremental saves compare to it
         seconds = time.perf_counter() - started
         metrics.record_duration(metrics.READ_DURATION, seconds)
         if sizes is not None and options.progress is not None:

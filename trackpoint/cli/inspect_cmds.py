@@ -129,6 +129,11 @@ def _files(prefix: str, num_shards: int) -> dict[str, Any]:
     storage = storage_for(prefix)
     files = data_file_sizes(prefix, num_shards)
     index_bytes = storage.size(index_filename(prefix))
+    # Data files with more than one name (hard links of incremental saves, docs/incremental.md)
+    # hold bytes this checkpoint shares with others: deleting it frees none of them.
+    directory = storage.dirname(prefix)
+    shared = sum(size for name, size in files
+                 if size > 0 and storage.link_count(storage.join(directory, name)) > 1)
     return {
         "prefix": prefix,
         "index": {"file": storage.basename(index_filename(prefix)), "bytes": index_bytes},
@@ -136,6 +141,7 @@ def _files(prefix: str, num_shards: int) -> dict[str, Any]:
         "num_shards": num_shards,
         "total_bytes": index_bytes + sum(max(size, 0) for _, size in files),
         "missing": [name for name, size in files if size < 0],
+        "shared_bytes": shared,
     }
 
 
@@ -159,6 +165,9 @@ def _print_files(out: Output, info: dict[str, Any]) -> None:
     note = f", [bold red]{missing} missing[/]" if missing else ""
     out.line(f"checkpoint size {human_bytes(total)} ({total:,} bytes), "
              f"{info['num_shards']} shard(s){note}")
+    if info["shared_bytes"]:
+        out.line(f"{human_bytes(info['shared_bytes'])} ({info['shared_bytes']:,} bytes) shared "
+                 "with other checkpoints (hard links: not freed by deleting this one)")
 
 
 def cmd_info(args: argparse.Namespace, console: Console) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from trackpoint.saving import sharding
 from trackpoint.saving.async_writer import AsyncWriter
 from trackpoint.saving.devices import LOCAL_TASK, DeviceValue, task_of
+from trackpoint.saving.incremental import SaveHistory
 from trackpoint.saving.options import CheckpointOptions, WriteCallback
 from trackpoint.saving.progress import ProgressEvent
 from trackpoint.saving.registration import (
@@ -36,6 +37,7 @@ __all__ = [
     "MultiDeviceSaver",
     "ProgressEvent",
     "RegisteredSaver",
+    "SaveHistory",
     "SaveSnapshot",
     "Shard",
     "ShardByTaskPolicy",

@@ -24,6 +24,7 @@ import numpy as np
 from trackpoint._types import PathLike, fspath
 from trackpoint.errors import FailedPreconditionError
 from trackpoint.metrics import registry as metrics
+from trackpoint.saving.incremental import plan_of, prepare_incremental
 from trackpoint.saving.options import CheckpointOptions
 from trackpoint.saving.progress import ProgressEvent
 from trackpoint.saving.saver import MultiDeviceSaver
@@ -164,6 +165,8 @@ class AsyncWriter:
             self._shared.idle.wait()
             self._raise_error()
             snapshot = saver.snapshot()
+            # Incremental: decided now, so unchanged values are neither copied nor staged.
+            snapshot = prepare_incremental(saver.history, snapshot, prefix_str, options, storage)
             limit = options.max_staging_bytes
             if limit is not None and snapshot.nbytes > limit:
                 self._buffers.clear()
@@ -222,7 +225,7 @@ class AsyncWriter:
         stager = Stager(options.max_staging_bytes, self._staging)
         self._staging = stager.buffer  # kept for the next bounded save
         shards = stager.stage_shards(saver._shard(snapshot, background))
-        staged = StagedSnapshot(snapshot.tensors_by_task, tuple(shards), stager)
+        staged = StagedSnapshot(snapshot.tensors_by_task, tuple(shards), stager, plan_of(snapshot))
         self._submit((saver, staged, prefix, background, storage, timing))
         try:
             stager.stage(timing)

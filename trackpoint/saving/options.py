@@ -76,6 +76,14 @@ class CheckpointOptions:
             value, given its object-based checkpoint key (``model/w/.ATTRIBUTES/VARIABLE_VALUE``),
             as a mapping or a function returning None for "no TF1 key"; consulted before
             ``tp.Variable`` names and torch ``state_dict`` paths.
+        incremental: ``Checkpoint.save``/``write`` and ``CheckpointManager.save`` do not write
+            again the values unchanged since the previous checkpoint this ``Checkpoint``
+            wrote (or restored): the new checkpoint's data files holding only such values
+            are hard links to the previous checkpoint's (a server-side copy on object
+            stores). Every checkpoint stays complete on its own; deleting any other never
+            breaks it. Values are compared by a content hash (XXH3-128), JAX arrays by
+            identity (docs/incremental.md). Not yet supported by ``DistributedCheckpoint``
+            (it writes every value) nor by a bare ``MultiDeviceSaver`` without a history.
     """
 
     enable_async: bool = False
@@ -88,11 +96,16 @@ class CheckpointOptions:
     progress: Callable[[Any], None] | None = None
     storage: Storage | None = None
     name_map: Mapping[str, str] | Callable[[str], str | None] | None = None
+    incremental: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable_async, bool):
             raise InvalidArgumentError(
                 f"enable_async must be a bool, got {type(self.enable_async).__name__}"
+            )
+        if not isinstance(self.incremental, bool):
+            raise InvalidArgumentError(
+                f"incremental must be a bool, got {type(self.incremental).__name__}"
             )
         if self.sharding_policy is not None and not callable(self.sharding_policy):
             raise InvalidArgumentError(

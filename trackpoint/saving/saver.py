@@ -24,6 +24,12 @@ from trackpoint.graph.keys import local_name
 from trackpoint.metrics import registry as metrics
 from trackpoint.saving.commit import AtomicCommit
 from trackpoint.saving.devices import LOCAL_TASK, DeviceValue, task_of
+from trackpoint.saving.incremental import (
+    SaveHistory,
+    plan_of,
+    prepare_incremental,
+    record_incremental,
+)
 from trackpoint.saving.options import CheckpointOptions
 from trackpoint.saving.progress import (
     ProgressEvent,
@@ -93,6 +99,9 @@ class MultiDeviceSaver:
         registered_savers: ``{saver_name: {object_path: trackable}}`` for objects handled by a
             registered saver (:func:`trackpoint.saving.register_checkpoint_saver`).
 
+    :meth:`use_history` (``Checkpoint`` calls it) lets saves with
+    ``CheckpointOptions(incremental=True)`` reuse unchanged data files (docs/incremental.md).
+
     Raises:
         InvalidArgumentError: two values share a checkpoint key and slice spec, or a slice spec
             or device is malformed.
@@ -141,6 +150,27 @@ class MultiDeviceSaver:
         self._registered_savers = {
             name: dict(objects) for name, objects in (registered_savers or {}).items()
         }
+        self._history: SaveHistory | None = None
+
+    @property
+    def history(self) -> SaveHistory | None:
+        """The previous checkpoint incremental saves compare with (see :meth:`use_history`)."""
+        return self._history
+
+    def use_history(self, history: SaveHistory) -> bool:
+        """Let saves with ``options.incremental`` reuse files of ``history``'s checkpoint.
+
+        Returns False (and logs why) for a saver whose ``save_snapshot`` is its own (the
+        distributed saver): it writes every value.
+        """
+        if type(self).save_snapshot is not MultiDeviceSaver.save_snapshot:
+            logger.warning(
+                "%s does not support incremental saves yet; writing every value",
+                type(self).__name__,
+            )
+            return False
+        self._history = history
+        return True
 
     @property
     def tasks(self) -> list[str]:
@@ -228,6 +258,8 @@ class MultiDeviceSaver:
         options = options or CheckpointOptions()
         prefix_str = fspath(prefix)
         storage = storage or options.storage or storage_for(prefix_str, fsync=options.fsync)
+        # Incremental saves (docs/incremental.md): only what changed is left to write.
+        snapshot = prepare_incremental(self.history, snapshot, prefix_str, options, storage)
         commit = AtomicCommit(storage, prefix_str)
         try:
             commit.prepare()
@@ -237,6 +269,7 @@ class MultiDeviceSaver:
         except BaseException:
             commit.abort()
             raise
+        record_incremental(snapshot, prefix_str, storage)  # the next one compares with this
         options.run_write_callbacks(prefix_str)
         if isinstance(snapshot, StagedSnapshot) and snapshot.stager is not None:
             # A bounded async save: the caller was blocked until the stager copied the last value.
@@ -273,6 +306,9 @@ class MultiDeviceSaver:
         policy: Callable[[Sequence[ShardableTensor]], Iterable[Shard]] = (
             options.sharding_policy or ShardByTaskPolicy()
         )
+        plan = plan_of(snapshot)
+        if plan is not None:
+            return plan.shards(snapshot, policy)
         shards_by_task = {
             task: list(policy(tensors)) for task, tensors in snapshot.tensors_by_task.items()
         }
@@ -291,11 +327,14 @@ class MultiDeviceSaver:
         policy_started = time.perf_counter()
         shards = self._shard(snapshot, options)
         sharding_seconds = time.perf_counter() - policy_started
-        if not shards:
+        plan = plan_of(snapshot)
+        linked = plan.linked if plan is not None else ()  # reused files of an incremental save
+        if not shards and not linked:
             # Nothing to write: still produce a valid (empty) checkpoint, one empty data file.
             shards = [(LOCAL_TASK, {})]
         num_shards = len(shards)
-        prefixes = [commit.shard_prefix(i, num_shards) for i in range(num_shards)]
+        total = num_shards + (1 if linked else 0)  # all reused files form one bundle
+        prefixes = [commit.shard_prefix(i, total) for i in range(total)]
         sizes = [payload_bytes(shard) for _, shard in shards]
         workers = options.num_io_threads or min(_DEFAULT_MAX_IO_THREADS, num_shards)
         jobs = [(path, shard, commit.storage) for path, (_, shard) in zip(prefixes, shards)]
@@ -306,6 +345,8 @@ class MultiDeviceSaver:
                 options, commit.prefix, "write", count, num_shards, done_bytes, sum(sizes),
                 shard_id=index, shard_bytes=sizes[index],
             )  # fmt: skip
+        if plan is not None and linked:
+            plan.link(prefixes[-1], commit.storage)
         commit.commit([*commit.foreign_prefixes, *prefixes])
         logger.info("Saved checkpoint %s (%d shards, %d bytes)", commit.prefix, num_shards,
                     sum(sizes))

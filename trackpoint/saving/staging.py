@@ -35,6 +35,7 @@ from trackpoint.saving.snapshot import SaveSnapshot, as_array
 if TYPE_CHECKING:
     from trackpoint.bundle.slice_spec import TensorSlice
     from trackpoint.bundle.writer import BundleWriter
+    from trackpoint.saving.incremental import IncrementalPlan
     from trackpoint.saving.sharding import Shard
 
 __all__ = [
@@ -357,3 +358,5 @@ class StagedSnapshot(SaveSnapshot):
 
     shards: tuple[tuple[str, Shard], ...] = ()
     stager: Stager | None = field(default=None, compare=False)
+    plan: IncrementalPlan | None = field(default=None, compare=False)
+    """An incremental save's plan (its linked files), made before staging."""

@@ -200,6 +200,38 @@ class Storage(ABC):
         with self.open_atomic(path) as out:
             out.write(data)
 
+    def link(self, src: str, dst: str) -> str:
+        """Make ``dst`` a file with the bytes of ``src``, sharing them where the backend can.
+
+        Incremental saves (docs/incremental.md) reuse a data file of an earlier checkpoint this
+        way: ``LocalStorage`` makes a hard link (both names then share one inode, and deleting
+        either name leaves the other intact), object stores copy on the server. This default
+        copies the bytes through this process. ``dst`` is replaced if it exists; it is durable
+        on return when ``fsync`` is set. Neither file may be written in place afterwards (no
+        trackpoint code does: saves write new files and rename them).
+
+        Returns:
+            How: ``"link"`` (shared, no bytes copied), ``"server-copy"`` (copied by the
+            backend) or ``"copy"`` (copied through this process).
+
+        Raises:
+            NotFoundError: ``src`` does not exist.
+        """
+        with self.open_range_reader(src) as reader, self.open_write(dst) as out:
+            step = 64 << 20
+            for offset in range(0, reader.size, step):
+                out.write(reader.read(offset, min(step, reader.size - offset)))
+        return "copy"
+
+    def link_count(self, path: str) -> int:
+        """How many names share the bytes of ``path`` (hard links); 1 where nothing is shared.
+
+        Raises:
+            NotFoundError: ``path`` does not exist.
+        """
+        self.size(path)  # raises NotFoundError for a missing file
+        return 1
+
     @contextmanager
     def open_atomic(self, path: str) -> Iterator[BinaryIO]:
         """A file to stream into that appears at ``path`` whole, or not at all.
@@ -282,6 +314,14 @@ class DelegatingStorage(Storage):
     def sync_dir(self, path: str) -> None:
         # docstring inherited
         self.inner.sync_dir(path)
+
+    def link(self, src: str, dst: str) -> str:
+        # docstring inherited
+        return self.inner.link(src, dst)
+
+    def link_count(self, path: str) -> int:
+        # docstring inherited
+        return self.inner.link_count(path)
 
     def lock_directory(self, path: str) -> DirectoryLock:
         # docstring inherited

@@ -205,6 +205,20 @@ class FsspecStorage(Storage):
         except OSError as exc:
             raise map_os_error(exc, src, "renaming", target=dst) from exc
 
+    def link(self, src: str, dst: str) -> str:
+        """Copy ``src`` to ``dst`` on the server (``fs.copy``: S3 ``CopyObject`` and the like).
+
+        Object stores have no hard links; a server-side copy moves no bytes through this
+        process. See ``Storage.link``.
+        """
+        try:
+            if not self.fs.isfile(src):
+                raise NotFoundError(f"No such file while copying {src} to {dst}", path=src)
+            self.fs.copy(src, dst)
+        except OSError as exc:
+            raise map_os_error(exc, src, "copying", target=dst) from exc
+        return "server-copy"
+
     def remove(self, path: str, *, missing_ok: bool = True) -> None:
         # docstring inherited
         try:

@@ -7,7 +7,9 @@ when ``close()`` returns (``fsync=True``), ``replace`` is ``os.replace`` (atomic
 
 from __future__ import annotations
 
+import errno
 import io
+import logging
 import mmap
 import os
 import shutil
@@ -26,6 +28,12 @@ if TYPE_CHECKING:
     from collections.abc import Buffer
 
 __all__ = ["LocalFile", "LocalRangeReader", "LocalStorage"]
+
+logger = logging.getLogger(__name__)
+
+# os.link fails with these where the bytes can still be copied: another filesystem, a
+# filesystem without hard links, or an inode at its link limit.
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
 # Writes smaller than this are gathered in memory (many small tensors, index blocks); larger
 # ones go straight from the caller's buffer to write(2), so a multi-GB array is never copied.
@@ -192,8 +200,20 @@ class LocalStorage(Storage):
         return True
 
     def open_write(self, path: str) -> BinaryIO:
-        # docstring inherited
-        return cast(BinaryIO, LocalFile(_local(path), fsync=self.fsync))
+        """Open ``path`` for writing, truncating it; parent directories must exist.
+
+        A file whose bytes are shared with other names (a hard link made by :meth:`link`) is
+        unlinked first, so writing it never changes another checkpoint's data file.
+        """
+        local = _local(path)
+        try:
+            if os.stat(local).st_nlink > 1:
+                os.remove(local)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise map_os_error(exc, path, "opening for write") from exc
+        return cast(BinaryIO, LocalFile(local, fsync=self.fsync))
 
     def open_range_reader(self, path: str) -> RangeReader:
         # docstring inherited
@@ -216,6 +236,54 @@ class LocalStorage(Storage):
             os.replace(_local(src), _local(dst))
         except OSError as exc:
             raise map_os_error(exc, src, "renaming", target=dst) from exc
+
+    def link(self, src: str, dst: str) -> str:
+        """A hard link ``dst`` to ``src``; a copy where linking is impossible.
+
+        Linking fails across filesystems, on filesystems without hard links and at an inode's
+        link limit; the bytes are then copied in the kernel (``copy_file_range``, which shares
+        extents on filesystems that support reflinks, e.g. btrfs and XFS) and fsynced when
+        ``fsync`` is set. See ``Storage.link``.
+        """
+        source, target = _local(src), _local(dst)
+        try:
+            if os.path.lexists(target):
+                os.remove(target)  # link() refuses an existing name
+            os.link(source, target)
+            return "link"
+        except OSError as exc:
+            if exc.errno not in _NO_LINK:
+                raise map_os_error(exc, src, "linking", target=dst) from exc
+            logger.debug("Cannot hard-link %s to %s (%s); copying", src, dst, exc.strerror)
+        try:
+            self._copy(source, target)
+        except OSError as exc:
+            raise map_os_error(exc, src, "copying", target=dst) from exc
+        return "copy"
+
+    def _copy(self, source: str, target: str) -> None:
+        with open(source, "rb") as src, open(target, "wb") as dst:
+            remaining = os.fstat(src.fileno()).st_size
+            try:
+                while remaining > 0:
+                    copied = os.copy_file_range(src.fileno(), dst.fileno(), remaining)
+                    if copied == 0:
+                        break
+                    remaining -= copied
+            except (AttributeError, OSError):  # no copy_file_range here: copy in user space
+                src.seek(0)
+                dst.seek(0)
+                dst.truncate()
+                shutil.copyfileobj(src, dst, 16 << 20)
+            if self.fsync:
+                os.fsync(dst.fileno())
+
+    def link_count(self, path: str) -> int:
+        # docstring inherited
+        try:
+            return os.stat(_local(path)).st_nlink
+        except OSError as exc:
+            raise map_os_error(exc, path, "reading the link count of") from exc
 
     def remove(self, path: str, *, missing_ok: bool = True) -> None:
         # docstring inherited

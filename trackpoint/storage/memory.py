@@ -40,7 +40,7 @@ FaultHook = Callable[[str, str], None]
 """Called as ``hook(operation, path)`` before each operation; raise to make it fail.
 
 Operations: ``open_write``, ``write``, ``close``, ``open_range_reader``, ``read``, ``exists``,
-``size``, ``replace``, ``remove``, ``remove_tree``, ``list``, ``makedirs``, ``sync_dir``,
+``size``, ``replace``, ``link``, ``remove``, ``remove_tree``, ``list``, ``makedirs``, ``sync_dir``,
 ``lock_directory``.
 """
 
@@ -54,6 +54,7 @@ _VERBS = {
     "exists": "checking for",
     "size": "reading the size of",
     "replace": "renaming",
+    "link": "copying",
     "remove": "removing",
     "remove_tree": "removing the directory",
     "list": "listing",
@@ -142,6 +143,7 @@ class MemoryStorage(Storage):
         self.fsync = fsync
         self.fsync_count = 0
         self.bytes_written = 0
+        self.bytes_copied = 0  # by link(): what an incremental save reused
         self._atomic_rename = supports_atomic_rename
         self._files: dict[str, bytearray] = {}
         self._dirs: set[str] = set()
@@ -287,6 +289,19 @@ class MemoryStorage(Storage):
             if _norm(dst) in self._dirs:
                 raise InvalidArgumentError(f"cannot replace directory {dst} with a file", path=dst)
             self._files[_norm(dst)] = self._files.pop(_norm(src))
+
+    def link(self, src: str, dst: str) -> str:
+        """Copy ``src`` to ``dst`` (the ``"link"`` operation of the fault hook). See
+        ``Storage.link``."""
+        self._fault("link", src)
+        with self._lock:
+            content = self._files.get(_norm(src))
+            if content is None:
+                raise NotFoundError(f"No such file while copying {src} to {dst}", path=src)
+            self._check_parent(dst, "copying to")
+            self._files[_norm(dst)] = bytearray(content)
+            self.bytes_copied += len(content)
+        return "copy"
 
     def remove(self, path: str, *, missing_ok: bool = True) -> None:
         # docstring inherited
