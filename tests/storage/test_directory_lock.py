@@ -140,26 +140,42 @@ def test_a_deleted_lock_file_is_reported_by_check(tmp_path: Path) -> None:
             lock.check()
 
 
+_FORK_CHILD = """
+import os, sys
+from trackpoint.errors import FailedPreconditionError
+from trackpoint.storage import LocalStorage
+path = sys.argv[1]
+lock = LocalStorage().lock_directory(path)
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child: its inherited handle is void, the parent still holds the lock
+    code = 1
+    try:
+        try:
+            LocalStorage().lock_directory(path)
+        except FailedPreconditionError as exc:
+            code = 0 if f"process {os.getppid()} " in str(exc) and lock.released else 2
+    finally:
+        os.write(write, bytes([code]))
+        os._exit(0)
+os.waitpid(pid, 0)
+assert os.read(read, 1) == b"\\x00", "the child could take the lock or misread it"
+assert not lock.released
+lock.release()
+print("ok")
+"""
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_holds_nothing_and_leaves_the_parents_lock(tmp_path: Path) -> None:
-    lock = LocalStorage().lock_directory(str(tmp_path))
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its inherited handle is void, the parent still holds the lock
-        code = 1
-        try:
-            try:
-                LocalStorage().lock_directory(str(tmp_path))
-            except FailedPreconditionError as exc:
-                code = 0 if f"process {os.getppid()} " in str(exc) and lock.released else 2
-        finally:
-            os.write(write, bytes([code]))
-            os._exit(0)
-    os.waitpid(pid, 0)
-    assert os.read(read, 1) == b"\x00"
-    assert not lock.released
-    assert (tmp_path / LOCK_FILENAME).exists()
-    lock.release()
+    # In a fresh interpreter: forking this test process, whose other tests started JAX's
+    # threads, could deadlock the child.
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_CHILD, str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert not (tmp_path / LOCK_FILENAME).exists()  # released by the parent at its end
 
 
 def test_lock_errors_are_checkpoint_errors(tmp_path: Path) -> None:
