@@ -229,7 +229,8 @@ class Checkpoint(AutoTrackable):
             CheckpointError: writing failed; nothing was committed.
         """
         prefix_str, options = fspath(prefix, argument="prefix"), CheckpointOptions.resolve(options)
-        refuse_overwriting_live_writer(prefix_str, options.storage)
+        if self._guards_directory:
+            refuse_overwriting_live_writer(prefix_str, options.storage)
         return self._write(prefix_str, options)
 
     def _write(self, prefix: str, options: CheckpointOptions) -> str:
@@ -293,17 +294,32 @@ class Checkpoint(AutoTrackable):
         number = int(counter.numpy()) + 1
         path = f"{prefix_str}-{number}"
         storage = options.storage or storage_for(path)
-        hold_directory(self, storage, checkpoint_directory(path))
-        refuse_replacing(path, storage, number - 1)
+        if self._guards_directory:
+            hold_directory(self, storage, checkpoint_directory(path))
+            refuse_replacing(path, storage, number - 1)
         counter.assign(number)
 
         def update_state_file() -> None:
             write_checkpoint_state(checkpoint_directory(path), path, [path], storage=storage)
 
-        options = dataclasses.replace(
-            options, write_callbacks=(*options.write_callbacks, update_state_file)
-        )
+        if self._records_state_file:
+            options = dataclasses.replace(
+                options, write_callbacks=(*options.write_callbacks, update_state_file)
+            )
         return self._write(path, options)
+
+    @property
+    def _records_state_file(self) -> bool:
+        """Whether ``save`` records its checkpoint in the directory's state file here (one
+        process of a multi-process job does)."""
+        return True
+
+    @property
+    def _guards_directory(self) -> bool:
+        """Whether saves take the directory's writer lock and refuse to replace a committed
+        checkpoint. A collective save cannot refuse on one process alone (the others would
+        wait in its exchanges), so the distributed layer turns this off."""
+        return True
 
     def sync(self) -> None:
         """Wait until every background (async) write of this Checkpoint is complete.

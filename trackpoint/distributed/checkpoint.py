@@ -1,4 +1,5 @@
-"""``DistributedCheckpoint``: ``tp.Checkpoint`` for every rank of a torch.distributed group.
+"""``DistributedCheckpoint``: ``tp.Checkpoint`` for every rank of a torch.distributed group
+(or every process of a ``jax.distributed`` job).
 
 Each rank wraps its own objects (its shards of the model, its optimizer) exactly as it would in
 one process; ``save``/``write`` and ``restore``/``read`` are then collective calls: every rank
@@ -14,14 +15,17 @@ the async writer and the order of sync and async saves, ``sync``) is ``Checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import sys
 from typing import Any
 
 from trackpoint._types import PathLike, fspath
 from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.checkpoint.load_status import LoadStatus
 from trackpoint.distributed.collective import Collective, LocalCollective, TorchCollective
+from trackpoint.distributed.jax_collective import JaxCollective, jax_distributed_initialized
 from trackpoint.distributed.optimizers import (
     init_sharded_optimizer_state,
     needs_sharded_optimizer_state,
@@ -34,10 +38,6 @@ from trackpoint.errors import CheckpointError, InvalidArgumentError
 from trackpoint.graph.walk import ObjectGraphView, list_objects, serialize_graph
 from trackpoint.integrations.torch_tensors import TensorVariable
 from trackpoint.management.paths import resolve_prefix
-from trackpoint.management.state_file import (
-    checkpoint_directory,
-    write_checkpoint_state,
-)
 from trackpoint.saving import CheckpointOptions, get_registered_saver_name
 from trackpoint.saving.restore import RestoreAgreement, restore_agreement
 from trackpoint.storage import LocalStorage, Storage, storage_for
@@ -47,18 +47,51 @@ __all__ = ["DistributedCheckpoint"]
 logger = logging.getLogger(__name__)
 
 
-def _collective_for(group: Any, timeout: float) -> Collective:
-    if isinstance(group, Collective):
-        return group
+_BACKENDS = ("torch", "jax")
+
+
+def _torch_initialized() -> bool:
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return TorchCollective(group, timeout=timeout)
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def _collective_for(group: Any, timeout: float, backend: str | None = None) -> Collective:
+    """The collective of ``group``/``backend``: torch.distributed when it is initialized, else
+    jax.distributed when it runs several processes, else this process alone."""
+    if isinstance(group, Collective):
+        return group
+    if backend is not None and backend not in _BACKENDS:
+        raise InvalidArgumentError(
+            f"backend must be 'torch', 'jax' or None (automatic), got {backend!r}"
+        )
+    if backend == "jax" or (
+        backend is None and group is None and jax_distributed_initialized()
+        and not _torch_initialized()
+    ):
+        if group is not None:
+            raise InvalidArgumentError(
+                "backend='jax' takes no group: every process of the jax.distributed job "
+                "takes part"
+            )
+        return JaxCollective(timeout=timeout)
+    if backend == "torch" or _torch_initialized():
+        return TorchCollective(group, timeout=timeout)  # raises if not initialized
     if group is not None:
         raise InvalidArgumentError(
             "a process group was given but torch.distributed is not initialized"
         )
     return LocalCollective()
+
+
+def _process_group_values() -> contextlib.AbstractContextManager[None]:
+    """The context in which this process's values for a checkpoint of every process are
+    gathered: JAX arrays spanning processes then give this process's shards."""
+    if "jax" not in sys.modules:  # no jax array can exist: do not import the integration
+        return contextlib.nullcontext()
+    from trackpoint.integrations.jax_arrays import process_group_save
+
+    return process_group_save()
 
 
 def _check_adapters(objects: Any) -> None:
@@ -98,12 +131,15 @@ class DistributedCheckpoint(Checkpoint):
             arguments, as to ``tp.Checkpoint``.
         group: the ranks taking part: a ``torch.distributed`` process group (default: the world
             group; a gloo side group is created for checkpoint traffic), a
-            :class:`~trackpoint.distributed.Collective`, or None without torch.distributed (one
-            process).
+            :class:`~trackpoint.distributed.Collective`, or None (see ``backend``).
         timeout: seconds a rank waits for the others at each step before failing the save.
         coordinator: the rank that merges and commits, and whose object graph is recorded.
         coalesce_reads: prefetch each rank's byte ranges in few merged requests before a
             restore; default: on object stores, not on local disks (mmap is better there).
+        backend: ``"torch"`` (torch.distributed), ``"jax"`` (the key-value store of
+            ``jax.distributed``: :class:`~trackpoint.distributed.jax_collective.JaxCollective`;
+            ranks are JAX process indices) or None: torch.distributed when it is initialized,
+            else jax.distributed when it runs several processes, else one process.
         **children: objects to save, when ``checkpoint`` is not given.
 
     Raises:
@@ -132,6 +168,7 @@ class DistributedCheckpoint(Checkpoint):
         timeout: float = 1800.0,
         coordinator: int = 0,
         coalesce_reads: bool | None = None,
+        backend: str | None = None,
         **children: Any,
     ) -> None:
         super().__init__()
@@ -148,7 +185,7 @@ class DistributedCheckpoint(Checkpoint):
                 f"checkpoint must be a tp.Checkpoint, got {type(checkpoint).__name__}; pass "
                 "objects as keyword arguments instead (model=..., optimizer=...)"
             )
-        collective = _collective_for(group, timeout)
+        collective = _collective_for(group, timeout, backend)
         if not 0 <= coordinator < collective.world_size:
             raise InvalidArgumentError(
                 f"coordinator must be a rank below {collective.world_size}, got {coordinator}"
@@ -195,54 +232,17 @@ class DistributedCheckpoint(Checkpoint):
             object.__setattr__(self, "_self_save_counter", self._checkpoint.save_counter)
 
     # -- saving ------------------------------------------------------------------------------
-    def write(self, prefix: PathLike, options: CheckpointOptions | None = None) -> str:
-        """Write one checkpoint at exactly ``prefix`` from every rank; collective.
+    @property
+    def _records_state_file(self) -> bool:
+        # docstring inherited: the coordinator records each save for every rank, so
+        # tp.latest_checkpoint(dir) names it on every rank once save() has returned
+        return self.is_coordinator
 
-        Atomic: the checkpoint appears complete or not at all. See the class docstring for
-        write callbacks, async saves and metrics.
-
-        Returns:
-            ``prefix`` as a str, on every rank.
-
-        Raises:
-            InvalidArgumentError: the ranks' values do not fit together (raised on every rank).
-            CheckpointError: a rank failed, died or timed out; nothing was committed.
-        """
-        # Not Checkpoint.write: its check of the directory's writer lock is one process's, and
-        # a rank refusing alone would leave the others waiting in the save's exchanges.
-        return self._write(fspath(prefix, argument="prefix"), CheckpointOptions.resolve(options))
-
-    def save(self, prefix: PathLike, options: CheckpointOptions | None = None) -> str:
-        """Increment ``save_counter``, write ``<prefix>-<n>``, update the state file; collective.
-
-        The coordinator writes ``<dir>/checkpoint`` once the checkpoint is committed (after the
-        user's write callbacks), so ``tp.latest_checkpoint(dir)`` names it on every rank once
-        ``save`` has returned (after :meth:`sync` for async saves).
-
-        Returns:
-            The checkpoint's prefix, e.g. ``"/ckpts/ckpt-3"``, on every rank.
-
-        Raises:
-            Same as :meth:`write`.
-        """
-        # Not Checkpoint.save: that one takes the directory's writer lock and records the
-        # state file in this process; here the coordinator records it for every rank.
-        options = CheckpointOptions.resolve(options)
-        prefix_str = fspath(prefix, argument="prefix")
-        counter = self.save_counter
-        number = int(counter.numpy()) + 1
-        counter.assign(number)
-        path = f"{prefix_str}-{number}"
-        storage = options.storage
-
-        def update_state_file() -> None:
-            write_checkpoint_state(checkpoint_directory(path), path, [path], storage=storage)
-
-        if self.is_coordinator:
-            options = dataclasses.replace(
-                options, write_callbacks=(*options.write_callbacks, update_state_file)
-            )
-        return self._write(path, options)
+    @property
+    def _guards_directory(self) -> bool:
+        # docstring inherited: a rank refusing alone would leave the others waiting in the
+        # save's exchanges; a CheckpointManager on top holds the directory's lock instead
+        return False
 
     def _make_saver(self) -> DistributedSaver:
         """This rank's part of the save: its values, or the error gathering them raised.
@@ -252,7 +252,8 @@ class DistributedCheckpoint(Checkpoint):
         view = self.object_graph_view
         try:
             propagate_optimizer_layouts(list_objects(view, skip_slot_variables=True))
-            graph = serialize_graph(view, registered_saver_for=get_registered_saver_name)
+            with _process_group_values():
+                graph = serialize_graph(view, registered_saver_for=get_registered_saver_name)
             _check_adapters(graph.objects)
             keys = None
             if self.rank == self._coordinator:
