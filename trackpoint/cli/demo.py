@@ -9,6 +9,7 @@ reference: the resumed run must end with bit-identical weights.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -120,7 +121,7 @@ class _TorchRun:
         loss.backward()
         self.optimizer.step()
         self.scheduler.step()
-        return float(loss)
+        return float(loss.detach())
 
 
 def _torch_available() -> bool:
@@ -246,12 +247,18 @@ def run(args: argparse.Namespace, console: Console) -> int:
     assert proc.stdout is not None
     kill_after_saves = rng.randint(1, max(1, args.steps // SAVE_EVERY // 2))
     saved: list[dict[str, Any]] = []
-    with Live(_saves_table(saved), console=console, auto_refresh=False) as live:
+    # A live table on a terminal; in a pipe, one plain line per checkpoint (a Live display
+    # there prints only its last frame, and without the line break the next line needs).
+    live = Live(_saves_table(saved), console=console, auto_refresh=False)
+    with live if console.is_terminal else contextlib.nullcontext():
         for line in proc.stdout:
             event = json.loads(line)
             if event["event"] == "saved":
                 saved.append(event)
-                live.update(_saves_table(saved), refresh=True)
+                if console.is_terminal:
+                    live.update(_saves_table(saved), refresh=True)
+                else:
+                    out.line(f"checkpoint at step {event['step']} written")
                 if len(saved) >= kill_after_saves:
                     break
     time.sleep(rng.uniform(0.0, 0.3))
