@@ -41,6 +41,7 @@ bench: $(VENV)/.installed-dev
 	$(PY) bench/shards.py
 	$(PY) bench/distributed.py
 	$(PY) bench/incremental.py
+	$(PY) bench/jax_distributed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

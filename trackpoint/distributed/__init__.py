@@ -1,4 +1,4 @@
-"""Multi-process save and restore on torch.distributed, with resharding.
+"""Multi-process save and restore on torch.distributed or jax.distributed, with resharding.
 
 Every rank of a process group writes its own values into one TensorFlow V2 checkpoint; sharded
 values (DTensors, :func:`mark_sharded` tensors, :class:`Slice` / :class:`FlatSlice`) are stored
@@ -16,6 +16,7 @@ from trackpoint.distributed.collective import (
     ThreadGroup,
     TorchCollective,
 )
+from trackpoint.distributed.jax_collective import JaxCollective
 from trackpoint.distributed.layout import Box, ShardLayout
 from trackpoint.distributed.optimizers import init_sharded_optimizer_state
 from trackpoint.distributed.saver import DistributedSaver
@@ -34,6 +35,7 @@ __all__ = [
     "DistributedCheckpoint",
     "DistributedSaver",
     "FlatSlice",
+    "JaxCollective",
     "LocalCollective",
     "ShardLayout",
     "ShardedTensorVariable",

@@ -23,7 +23,10 @@ Targets may be abstract (``jax.eval_shape``/``nnx.eval_shape`` output, PRNG keys
 ``tp.jax.restore("/ckpts/run")`` without a target returns the saved tree as nested dicts and
 lists. A key's implementation and an array's ``weak_type`` are recorded next to the value.
 
-Limits: single-process JAX (arrays whose shards this process addresses).
+Multi-process JAX (``jax.distributed``): global arrays are saved by
+``trackpoint.distributed.DistributedCheckpoint`` (each process writes the shards it addresses)
+and restored by :func:`restore` on every process (each reads the shards it addresses); see
+docs/jax.md.
 """
 
 from __future__ import annotations

@@ -20,12 +20,21 @@ transfers are in flight before the first wait.
 
 JAX arrays are immutable, so these adapters cannot be restored in place:
 ``Checkpoint.read``/``restore`` refuse them and ``tp.jax.restore`` returns new arrays.
+
+Multi-process JAX (``jax.distributed``): a global array that spans processes is saved by
+``trackpoint.distributed.DistributedCheckpoint``, which gathers its values inside
+:func:`process_group_save`: each process then contributes the replica-0 shards it addresses,
+and the coordinator's plan checks that the processes' slices tile the whole array before
+anything is written. Outside a process-group save such an array is refused (one process
+alone would write a checkpoint holding only its own part).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -47,8 +56,29 @@ __all__ = [
     "host_value",
     "index_bounds",
     "is_key_array",
+    "process_group_save",
     "shard_slices",
 ]
+
+# Set while a DistributedCheckpoint gathers the values of every process (a context variable,
+# not a global: an async save's background thread sees its own).
+_process_group_save: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "trackpoint_jax_process_group_save", default=False
+)
+
+
+@contextlib.contextmanager
+def process_group_save() -> Iterator[None]:
+    """Inside the block, arrays spanning processes are saved as this process's shards.
+
+    Entered by ``trackpoint.distributed`` while every process of a job gathers its values for
+    one checkpoint, whose plan then checks that the processes' slices cover every array.
+    """
+    token = _process_group_save.set(True)
+    try:
+        yield
+    finally:
+        _process_group_save.reset(token)
 
 _IMMUTABLE_HINT = (
     "JAX arrays and Python scalars are immutable and cannot be restored in place; get new "
@@ -74,16 +104,18 @@ def check_storable_dtype(dtype: Any, *, what: str) -> np.dtype[Any]:
     return np_dtype
 
 
-def check_array(array: jax.Array, *, what: str) -> None:
-    """Raise unless ``array`` can be saved: a storable dtype, all shards in this process.
+def check_array(array: jax.Array, *, what: str, saving: bool = False) -> None:
+    """Raise unless ``array`` can be saved: a storable dtype, all shards in this process (or,
+    when ``saving`` inside :func:`process_group_save`, a global array of a multi-process job).
 
     Raises:
         InvalidArgumentError: names ``what`` and the problem.
     """
-    if not array.is_fully_addressable:
+    if not array.is_fully_addressable and (saving and not _process_group_save.get()):
         raise InvalidArgumentError(
-            f"{what} (a jax.Array of shape {array.shape}) spans several processes; trackpoint "
-            "saves arrays whose shards this process can address (single-process JAX)"
+            f"{what} (a jax.Array of shape {array.shape}) spans several processes; save it "
+            "from every process with trackpoint.distributed.DistributedCheckpoint (one process "
+            "alone holds only its own shards)"
         )
     if not is_key_array(array):  # key arrays are saved as their uint32 key_data
         check_storable_dtype(array.dtype, what=f"{what} (a jax.Array of shape {array.shape})")
@@ -108,14 +140,21 @@ def shard_slices(array: jax.Array) -> list[tuple[TensorSlice | None, jax.Array]]
     A ``None`` slice means one shard holds the whole array (saved unsliced). Replicas other
     than replica 0 and empty shards are skipped.
 
+    An array spanning processes (inside :func:`process_group_save`) gives this process's
+    replica-0 shards only; a process holding none of them gives an empty list.
+
     Raises:
-        InvalidArgumentError: the array spans processes (not all shards are addressable).
+        InvalidArgumentError: the array spans processes outside a process-group save.
     """
-    check_array(array, what="a checkpointed value")
+    check_array(array, what="a checkpointed value", saving=True)
     shape = tuple(array.shape)
-    if array.size == 0 or len(array.sharding.device_set) == 1:
+    local = array.is_fully_addressable
+    if local and (array.size == 0 or len(array.sharding.device_set) == 1):
         return [(None, array)]
-    if array.ndim == 0 or array.sharding.is_fully_replicated:
+    if not array.addressable_shards:  # a global array living on other processes only
+        return []
+    if array.size == 0 or array.ndim == 0 or array.sharding.is_fully_replicated:
+        # Every holder offers the whole value; the distributed plan has it written once.
         return [(None, array.addressable_shards[0].data)]
     by_bounds: dict[tuple[tuple[int, int], ...], jax.Array] = {}
     for shard in array.addressable_shards:
@@ -125,7 +164,7 @@ def shard_slices(array: jax.Array) -> list[tuple[TensorSlice | None, jax.Array]]
         if any(stop <= start for start, stop in bounds):
             continue
         by_bounds.setdefault(bounds, shard.data)
-    if len(by_bounds) == 1:
+    if len(by_bounds) == 1 and local:
         (bounds, data), = by_bounds.items()
         if all(b == (0, dim) for b, dim in zip(bounds, shape)):
             return [(None, data)]

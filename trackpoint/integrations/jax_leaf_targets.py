@@ -10,6 +10,11 @@ only the stored slices that intersect it, so a sharded checkpoint is resharded w
 everything on every device), put on each device that holds that index, and assembled with
 ``jax.make_array_from_single_device_arrays``. A PRNG key is rebuilt from its ``key_data`` with
 the implementation the plan resolved; a weakly typed leaf is made weak again.
+
+In a multi-process JAX job the target's sharding is global, and its
+``addressable_devices_indices_map`` names this process's devices only: each process reads the
+boxes of its own shards and builds its part of the global array (no exchange between
+processes is needed, each reads the shared checkpoint itself).
 """
 
 from __future__ import annotations
@@ -132,7 +137,15 @@ class LeafTarget(Trackable):
         if leaf.prng_impl is not None:
             data = jax.numpy.asarray(np.array(saved, copy=True))
             keys = jax.random.wrap_key_data(data, impl=leaf.prng_impl)
-            return jax.device_put(keys, sharding)
+            if sharding.is_fully_addressable:
+                return jax.device_put(keys, sharding)
+            # A global sharding of a multi-process job: device_put accepts only devices of
+            # this process, so each of them gets its part and the global array is assembled.
+            parts = [
+                jax.device_put(keys[index] if index is not None else keys, device)
+                for device, index in sharding.addressable_devices_indices_map(keys.shape).items()
+            ]
+            return jax.make_array_from_single_device_arrays(keys.shape, sharding, parts)
         memory_kind = getattr(sharding, "memory_kind", None)
         arrays = []
         for bounds, devices in self._boxes.items():
