@@ -94,8 +94,9 @@ class MultiDeviceSaver:
             directly under the key means slice spec ``""``). A value is a numpy array, a
             zero-argument callable returning one (evaluated exactly once per save), ``None``
             (recorded in the object graph only, never written), or a ``DeviceValue`` giving one
-            of those together with its device. The trackable's ``_restore_from_tensors``
-            receives the values on restore; a ``None`` trackable is never restored.
+            of those together with its device. The trackable's ``_prepare_restore`` (or
+            ``_restore_from_tensors``) receives the values on restore; a ``None`` trackable is
+            never restored.
         registered_savers: ``{saver_name: {object_path: trackable}}`` for objects handled by a
             registered saver (:func:`trackpoint.saving.register_checkpoint_saver`).
 
@@ -454,20 +455,3 @@ def _check_spec(spec: object, key: str) -> str:
                 key=key,
             ) from exc
     return spec
-
-
-def _read(reader: BundleReader, entry: _Entry) -> np.ndarray:
-    key = entry.checkpoint_key
-    if not entry.slice_spec:
-        return reader.read(key, copy=False)
-    parsed = parse_slice_spec(entry.slice_spec)
-    assert parsed is not None
-    full_shape, tensor_slice = parsed
-    stored = reader.shape(key)
-    if tuple(stored) != tuple(full_shape):
-        raise InvalidArgumentError(
-            f"slice spec {entry.slice_spec!r} of checkpoint key {key!r} is for a tensor of shape "
-            f"{list(full_shape)}, but the checkpoint holds shape {list(stored)}",
-            key=key,
-        )
-    return reader.read_slice(key, tensor_slice, copy=False)

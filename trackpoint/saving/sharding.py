@@ -68,7 +68,7 @@ class ShardableTensor:
     checkpoint_key: str
     """Index key, e.g. ``model/w/.ATTRIBUTES/VARIABLE_VALUE``."""
     trackable: Any
-    """The object whose ``_restore_from_tensors`` receives this value (None: not restored)."""
+    """The object that receives this value on restore (None: not restored)."""
 
     @property
     def task(self) -> str:

@@ -70,7 +70,8 @@ def register_adapter(type_: type, factory: AdapterFactory) -> None:
     """Make instances of ``type_`` (and its subclasses) trackable through ``factory``.
 
     ``factory(obj)`` returns a Trackable whose ``_serialize_to_tensors`` views ``obj``'s
-    values and whose ``_restore_from_tensors`` writes into ``obj`` in place. Registering a
+    values and whose ``_prepare_restore`` checks restored values and returns the step that
+    writes them into ``obj`` in place. Registering a
     type again replaces its factory.
 
     Raises:

@@ -2,8 +2,10 @@
 
 The object model of TensorFlow's object-based checkpoints (``tensorflow/python/trackable/base.py``):
 every object that can be a node of the object graph is a :class:`Trackable`. It names its
-children with *local names* (``_track_trackable``) and may save values of its own through the
-``_serialize_to_tensors`` / ``_restore_from_tensors`` pair.
+children with *local names* (``_track_trackable``) and may save values of its own through
+``_serialize_to_tensors``, restoring them with ``_prepare_restore`` (check, then return the step
+that applies; the restore engine changes nothing until every object's check passed) or, for
+code written against TensorFlow's protocol, ``_restore_from_tensors``.
 
 Deferred restoration lives here as a hook only: a restore that reaches an object whose child does
 not exist yet leaves a :class:`DeferredRestoration` in the parent under the child's local name;
@@ -101,7 +103,8 @@ class Trackable:
     Dependencies are declared explicitly with :meth:`_track_trackable`; subclass
     :class:`~trackpoint.tracking.AutoTrackable` to track attributes on assignment instead.
     An object saves values of its own by overriding :meth:`_serialize_to_tensors` and
-    :meth:`_restore_from_tensors`.
+    :meth:`_prepare_restore` (or, without the all-or-nothing guarantee,
+    :meth:`_restore_from_tensors`).
 
     The bookkeeping lives in attributes named ``_self_*``, created on first use, so subclasses
     need not call ``super().__init__()``.
