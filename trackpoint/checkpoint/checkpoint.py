@@ -34,7 +34,8 @@ from trackpoint.checkpoint.writer_lock import (
 )
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph.keys import SAVE_COUNTER
-from trackpoint.graph.walk import ObjectGraphView, serialize_graph
+from trackpoint.graph.serialize import serialize_graph
+from trackpoint.graph.walk import ObjectGraphView
 from trackpoint.management.paths import resolve_prefix
 from trackpoint.management.reader import CheckpointReader
 from trackpoint.management.state_file import (

@@ -42,7 +42,8 @@ from trackpoint.errors import (
 )
 from trackpoint.graph.aliases import alias_keys
 from trackpoint.graph.keys import ATTRIBUTES, OBJECT_GRAPH_KEY, split_checkpoint_key
-from trackpoint.graph.walk import ObjectGraphView, serialize_graph
+from trackpoint.graph.serialize import serialize_graph
+from trackpoint.graph.walk import ObjectGraphView
 from trackpoint.management.reader import CheckpointReader
 from trackpoint.saving import CheckpointOptions, MultiDeviceSaver, ProgressEvent
 from trackpoint.storage import storage_for

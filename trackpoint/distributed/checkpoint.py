@@ -35,7 +35,8 @@ from trackpoint.distributed.read_plan import IndexView, PrefetchedStorage, read_
 from trackpoint.distributed.saver import DistributedSaver, error_message, raise_collected
 from trackpoint.distributed.sharded import ShardedTensorVariable, layout_of
 from trackpoint.errors import CheckpointError, InvalidArgumentError
-from trackpoint.graph.walk import ObjectGraphView, list_objects, serialize_graph
+from trackpoint.graph.serialize import serialize_graph
+from trackpoint.graph.walk import ObjectGraphView, list_objects
 from trackpoint.integrations.torch_tensors import TensorVariable
 from trackpoint.management.paths import resolve_prefix
 from trackpoint.saving import CheckpointOptions, get_registered_saver_name

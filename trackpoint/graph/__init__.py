@@ -1,4 +1,5 @@
-"""The object graph: the key grammar (``keys``) and walking the graph from a root (``walk``)."""
+"""The object graph: the key grammar (``keys``), walking it from a root (``walk``), what a save
+writes of it (``serialize``) and the check that it has not changed (``structure``)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,15 @@ from trackpoint.graph.keys import (
     split_checkpoint_key,
     unescape_local_name,
 )
+from trackpoint.graph.serialize import SerializedGraph, TensorsByTrackable, serialize_graph
+from trackpoint.graph.structure import StructureSnapshot
 from trackpoint.graph.walk import (
     ObjectGraphView,
-    SerializedGraph,
-    TensorsByTrackable,
     list_objects,
     node_names,
     object_path_to_string,
     parse_object_graph,
     readable_path,
-    serialize_graph,
 )
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "VARIABLE_VALUE_KEY",
     "ObjectGraphView",
     "SerializedGraph",
+    "StructureSnapshot",
     "TensorsByTrackable",
     "checkpoint_key",
     "escape_local_name",

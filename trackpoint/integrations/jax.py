@@ -38,7 +38,8 @@ import numpy as np
 
 from trackpoint._types import PathLike, fspath
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.graph.walk import ObjectGraphView, serialize_graph
+from trackpoint.graph.serialize import serialize_graph
+from trackpoint.graph.walk import ObjectGraphView
 from trackpoint.integrations.jax_arrays import ArrayLeaf, ScalarLeaf, is_key_array
 from trackpoint.integrations.jax_pytrees import PyTreeNode, is_jax_pytree, tree_trackable
 from trackpoint.integrations.jax_restore import restore

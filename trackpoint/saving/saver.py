@@ -63,7 +63,7 @@ class SerializedTensors(Protocol):
     """What :class:`MultiDeviceSaver` takes: ``(trackable, {checkpoint_key: value})`` pairs.
 
     A plain dict keyed by trackable qualifies, and so does the graph walk's
-    :class:`~trackpoint.graph.walk.TensorsByTrackable` (keyed by identity, since trackables may
+    :class:`~trackpoint.graph.serialize.TensorsByTrackable` (keyed by identity, since trackables may
     be unhashable).
     """
 
@@ -120,38 +120,66 @@ class MultiDeviceSaver:
         registered_savers: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self._entries_by_task: dict[str, list[_Entry]] = {}
+        local: list[_Entry] = []  # this process's values: most saves have no others
         owners: dict[tuple[str, str], Any] = {}
+        whole: dict[str, Any] = {}  # key -> owner of its whole value (slice spec "")
         for trackable, tensor_dict in _items(serialized_tensors):
             for key, slices in _items(tensor_dict):
+                if type(slices) is np.ndarray:  # the usual value: whole, local, no checks
+                    if key in whole or type(key) is not str or not key:
+                        self._check_key(key, "", trackable, owners, whole)
+                    whole[key] = trackable
+                    if not local:  # tasks keep the order their first values came in
+                        self._entries_by_task[LOCAL_TASK] = local
+                    local.append(_Entry(key, "", slices, None, trackable))
+                    continue
                 if not isinstance(key, str) or not key:
                     raise InvalidArgumentError(
                         f"checkpoint keys must be non-empty str, got {key!r} from {trackable!r}"
                     )
                 if not isinstance(slices, Mapping):
-                    slices = (("", slices),)  # one whole value (the usual case)
+                    slices = (("", slices),)  # one whole value
                 else:
                     slices = slices.items()
                 for raw_spec, raw_value in slices:
                     plain = type(raw_spec) is str and not raw_spec  # the usual "": no checks
                     spec = "" if plain else _check_spec(raw_spec, key)
-                    if (key, spec) in owners:
-                        raise InvalidArgumentError(
-                            f"checkpoint key {key!r} with slice spec {spec!r} is produced twice, "
-                            f"by {owners[(key, spec)]!r} and by {trackable!r}; one would "
-                            "overwrite the other in the checkpoint. Give the objects distinct "
-                            "names.",
-                            key=key,
-                        )
-                    owners[(key, spec)] = trackable
+                    self._check_key(key, spec, trackable, owners, whole)
+                    if spec:
+                        owners[(key, spec)] = trackable
+                    else:
+                        whole[key] = trackable
                     value, device = raw_value, None
                     if isinstance(raw_value, DeviceValue):
                         value, device = raw_value.value, raw_value.device
                     entry = _Entry(key, spec, value, device, trackable)
-                    self._entries_by_task.setdefault(task_of(device), []).append(entry)
+                    task = task_of(device)
+                    if task == LOCAL_TASK and not local:
+                        self._entries_by_task[LOCAL_TASK] = local
+                    self._entries_by_task.setdefault(task, []).append(entry)
         self._registered_savers = {
             name: dict(objects) for name, objects in (registered_savers or {}).items()
         }
         self._history: SaveHistory | None = None
+
+    @staticmethod
+    def _check_key(
+        key: Any, spec: str, trackable: Any, owners: dict[tuple[str, str], Any],
+        whole: dict[str, Any],
+    ) -> None:
+        if not isinstance(key, str) or not key:
+            raise InvalidArgumentError(
+                f"checkpoint keys must be non-empty str, got {key!r} from {trackable!r}"
+            )
+        owner = owners.get((key, spec), _ABSENT) if spec else whole.get(key, _ABSENT)
+        if owner is not _ABSENT:
+            raise InvalidArgumentError(
+                f"checkpoint key {key!r} with slice spec {spec!r} is produced twice, "
+                f"by {owner!r} and by {trackable!r}; one would "
+                "overwrite the other in the checkpoint. Give the objects distinct "
+                "names.",
+                key=key,
+            )
 
     @property
     def history(self) -> SaveHistory | None:
@@ -429,7 +457,12 @@ class MultiDeviceSaver:
             )
 
 
+_ABSENT = object()
+
+
 def _items(mapping: Any) -> Iterable[tuple[Any, Any]]:
+    if type(mapping) is dict:
+        return mapping.items()
     if isinstance(mapping, Mapping) or hasattr(mapping, "items"):
         return list(mapping.items())
     raise InvalidArgumentError(

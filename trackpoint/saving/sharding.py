@@ -19,8 +19,7 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, MutableMapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,11 +45,12 @@ Shard = MutableMapping[str, MutableMapping[str, Any]]
 """Tensors written to one data file: checkpoint key -> slice spec -> array."""
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class ShardableTensor:
+class ShardableTensor(NamedTuple):
     """One value a sharding policy places into a shard (TF's ``ShardableTensor``).
 
-    Compares and hashes by identity: the array is not hashable.
+    Immutable; compares and hashes by identity (the array is not hashable). A NamedTuple
+    rather than a frozen dataclass: one is made per value on every save, and a tuple is made
+    three times faster (issue 19: 100,000 small values).
     """
 
     tensor: np.ndarray
@@ -74,6 +74,15 @@ class ShardableTensor:
     def task(self) -> str:
         """The task writing this value (see :func:`trackpoint.saving.devices.task_of`)."""
         return task_of(self.device)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    def __hash__(self) -> int:
+        return object.__hash__(self)
 
 
 def _slice_box(spec: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:

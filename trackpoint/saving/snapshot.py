@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,5 +75,5 @@ class SaveSnapshot:
                     buffer = np.array(st.tensor, copy=True, order="C")
                 if buffers is not None:
                     buffers[ident] = buffer
-                out.append(dataclasses.replace(st, tensor=buffer))
+                out.append(st._replace(tensor=buffer))
         return SaveSnapshot(copied)

@@ -82,6 +82,7 @@ class NoDependency:
 logger = logging.getLogger(__name__)
 
 _ABSENT = object()
+_ARRAY_TYPES = frozenset({ndarray})
 
 
 def is_tracked_value(value: Any) -> bool:
@@ -156,6 +157,15 @@ class TrackableDataStructure(SaveChecked, Trackable):
         """``(key, value)`` of every entry: dict keys, list and tuple indices."""
         raise NotImplementedError
 
+    def _values(self) -> Iterable[Any]:
+        """Every entry's value (containers override it with a view that builds no pairs)."""
+        return [value for _, value in self._entries()]
+
+    def _only_arrays(self) -> bool:
+        """True if every entry is a numpy array (the usual large container): then there is
+        nothing plain to save or check, which is decided here in C, without a Python loop."""
+        return set(map(type, self._values())) <= _ARRAY_TYPES
+
     def _is_exempt(self, key: Any, value: Any) -> bool:
         """True for an entry assigned through ``NoDependency``: neither saved nor checked."""
         return False
@@ -204,6 +214,8 @@ class TrackableDataStructure(SaveChecked, Trackable):
             seen.discard(id(self))
 
     def _plain_entries(self) -> list[tuple[Any, Any]]:
+        if self._only_arrays():
+            return []
         return [
             (key, value) for key, value in self._entries()
             if type(value) is not np.ndarray  # the usual entry: skipped without calls
@@ -213,6 +225,9 @@ class TrackableDataStructure(SaveChecked, Trackable):
     def _visible_children(self, children: dict[str, Trackable]) -> dict[str, Trackable]:
         """``children`` without nested containers that hold no trackable: those are plain
         values, saved in this container's JSON."""
+        kinds = set(map(type, children.values()))  # per type, not per child
+        if not any(issubclass(kind, TrackableDataStructure) for kind in kinds):
+            return children  # no nested containers
         return {
             name: child for name, child in children.items()
             if not (isinstance(child, TrackableDataStructure) and child._is_all_plain())
@@ -231,6 +246,8 @@ class TrackableDataStructure(SaveChecked, Trackable):
     def _check_saveable(self, where: str) -> None:
         # docstring inherited
         self._adopt_external_changes()
+        if self._only_arrays():
+            return
         for key, value in self._entries():
             if type(value) is ndarray or self._is_exempt(key, value):
                 continue  # an array (the usual entry) is always saveable
@@ -402,6 +419,10 @@ class ListWrapper(TrackableDataStructure, list[Any]):
     def _entries(self) -> list[tuple[Any, Any]]:
         # docstring inherited
         return list(enumerate(list.__iter__(self)))
+
+    def _values(self) -> Iterable[Any]:
+        # docstring inherited
+        return list.__iter__(self)
 
     def _is_exempt(self, key: Any, value: Any) -> bool:
         # docstring inherited

@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from operator import is_
 from typing import Any, SupportsIndex
 
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
@@ -34,6 +35,8 @@ from trackpoint.tracking.plain_values import (
 __all__ = ["DictWrapper", "TupleWrapper", "wrap_tuple"]
 
 logger = logging.getLogger(__name__)
+
+_STR_TYPE = frozenset({str})
 
 
 class DictWrapper(TrackableDataStructure, dict[Any, Any]):
@@ -81,6 +84,12 @@ class DictWrapper(TrackableDataStructure, dict[Any, Any]):
                 (it would be restored now, not when it was assigned).
         """
         original = self._self_original
+        if (
+            len(original) == dict.__len__(self)
+            and all(map(is_, original.values(), dict.values(self)))
+            and all(map(is_, original, dict.keys(self)))
+        ):
+            return  # the usual case, checked in C: the same keys and values, in order
         changed = [
             key for key, value in original.items()
             if not dict.__contains__(self, key) or dict.__getitem__(self, key) is not value
@@ -113,7 +122,7 @@ class DictWrapper(TrackableDataStructure, dict[Any, Any]):
     def _trackable_children(self) -> dict[str, Trackable]:
         # docstring inherited
         self._adopt_external_changes()
-        if any(
+        if not set(map(type, dict.keys(self))) <= _STR_TYPE and any(
             not isinstance(key, str) and not self._is_exempt(key, value)
             and holds_trackable(value)
             for key, value in dict.items(self)
@@ -130,6 +139,10 @@ class DictWrapper(TrackableDataStructure, dict[Any, Any]):
     def _entries(self) -> list[tuple[Any, Any]]:
         # docstring inherited
         return list(dict.items(self))
+
+    def _values(self) -> Iterable[Any]:
+        # docstring inherited
+        return dict.values(self)
 
     def _is_exempt(self, key: Any, value: Any) -> bool:
         # docstring inherited

@@ -3,7 +3,7 @@
 A tracked container learns what its entries are when it is saved (they may have been rebound
 since it was made), and a jax array may have been deleted (donated to a jitted function) after
 it was tracked. Neither knows where it sits in the object graph, so the graph walk
-(``trackpoint.graph.walk.serialize_graph``) calls :meth:`SaveChecked._check_saveable` with the
+(``trackpoint.graph.serialize.serialize_graph``) calls :meth:`SaveChecked._check_saveable` with the
 object's readable path before it asks for the object's values; the error then names the value
 as the user reaches it, e.g. ``(root).extra['handle']``.
 """

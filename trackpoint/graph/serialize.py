@@ -1,0 +1,319 @@
+"""Serializing the object graph for a save: every node's values and the ``TrackableObjectGraph``.
+
+Saving gets a :class:`SerializedGraph`: the values of every node keyed by checkpoint key, the
+``TrackableObjectGraph`` proto (stored last, as a scalar string under
+``_CHECKPOINTABLE_OBJECT_GRAPH``, like TF's data order §5.4) and the objects handled by
+registered savers. Custom value names are escaped once, in the attribute and in the key: TF
+escapes the key twice and then cannot restore its own file (§9.3 quirk); the once-escaped key is
+the one TF's restore looks up, so both libraries read ours.
+
+A view saved again (a training loop) reuses the previous save's node ids, keys and encoded
+graph when a :class:`~trackpoint.graph.structure.StructureSnapshot` confirms the structure is
+exactly as it was; the values themselves are always gathered anew, from the objects reachable
+at the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
+from trackpoint.bundle.table import encode_varint
+from trackpoint.graph.keys import OBJECT_ATTRIBUTES_NAME, OBJECT_GRAPH_KEY, escape_local_name
+from trackpoint.graph.structure import StructureSnapshot
+from trackpoint.graph.walk import (
+    ObjectGraphView,
+    check_slot_variables_reachable,
+    readable_path,
+    walk_graph,
+)
+from trackpoint.tracking.base import NotTrackable, Trackable
+from trackpoint.tracking.base import has_values as has_values_of
+from trackpoint.tracking.python_state import string_scalar
+from trackpoint.tracking.save_check import SaveChecked
+from trackpoint.tracking.slots import SlotOwner
+from trackpoint.tracking.variable import Variable
+
+__all__ = ["SerializedGraph", "TensorsByTrackable", "serialize_graph"]
+
+
+class TensorsByTrackable:
+    """``{trackable: {checkpoint_key: value}}`` keyed by identity (trackables may be unhashable
+    or define ``__eq__``); what ``MultiDeviceSaver`` takes. ``None`` owns the object graph."""
+
+    def __init__(self, pairs: list[tuple[Trackable | None, dict[str, Any]]] | None = None) -> None:
+        self._pairs: list[tuple[Trackable | None, dict[str, Any]]] = pairs or []
+
+    def add(self, trackable: Trackable | None, tensors: dict[str, Any]) -> None:
+        self._pairs.append((trackable, tensors))
+
+    def items(self) -> list[tuple[Trackable | None, dict[str, Any]]]:
+        return list(self._pairs)
+
+    def __iter__(self) -> Iterator[Trackable | None]:
+        return (trackable for trackable, _ in self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def keys(self) -> list[str]:
+        """Every checkpoint key, in data order."""
+        return [key for _, tensors in self._pairs for key in tensors]
+
+
+@dataclass(frozen=True, slots=True)
+class SerializedGraph:
+    """Everything one save writes, gathered from the live objects."""
+
+    object_graph_bytes: bytes
+    """The serialized ``TrackableObjectGraph`` (what is stored under the object graph key)."""
+    tensors: TensorsByTrackable
+    """Values by trackable and checkpoint key, the object graph last."""
+    registered_savers: dict[str, dict[str, Trackable]]
+    """``{saver name: {object path: trackable}}`` for registered savers."""
+    objects: tuple[Trackable, ...]
+    """Every node's object, by node id."""
+
+    @property
+    def object_graph_proto(self) -> TrackableObjectGraph:
+        """The graph, ``has_checkpoint_values`` set on every node (parsed on each access)."""
+        return TrackableObjectGraph.FromString(self.object_graph_bytes)
+
+
+def _full_name(trackable: Trackable) -> str:
+    return trackable.name if isinstance(trackable, Variable) else ""
+
+
+# -- the object graph's bytes ---------------------------------------------------------------
+# ``TrackableObjectGraph`` serialized by hand, as protobuf does it (fields in number order,
+# empty strings and zero ints left out): building one message per node, child and attribute
+# costs more than the rest of a save of many small tensors. tests/test_graph_encoding.py
+# pins the bytes against protobuf's own serialization.
+_HAS_VALUES = (b"\x2a\x00", b"\x2a\x02\x08\x01")  # BoolValue field 5: false / true
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field (strings, sub-messages)."""
+    return tag + encode_varint(len(payload)) + payload
+
+
+def _string(tag: bytes, text: str) -> bytes:
+    return _field(tag, text.encode("utf-8")) if text else b""
+
+
+def _int(tag: bytes, value: int) -> bytes:
+    return tag + encode_varint(value) if value else b""
+
+
+def _child_ref(node_id: int, local_name: str) -> bytes:
+    # Written out (no helper calls): one per edge of the graph.
+    body = b"\x08" + encode_varint(node_id) if node_id else b""
+    if local_name:
+        name = local_name.encode("utf-8")
+        body += b"\x12" + encode_varint(len(name)) + name
+    return b"\x0a" + encode_varint(len(body)) + body
+
+
+def _name_field(name: str) -> bytes:
+    """Field 1 (name) of a ``SerializedTensor``; the few value names recur, so it is cached."""
+    return _string(b"\x0a", name)
+
+
+def _attribute(name_field: bytes, full_name: str, key: str) -> bytes:
+    # Written out (no helper calls): one per value of the checkpoint.
+    body = name_field
+    if full_name:
+        data = full_name.encode("utf-8")
+        body += b"\x12" + encode_varint(len(data)) + data
+    if key:
+        data = key.encode("utf-8")
+        body += b"\x1a" + encode_varint(len(data)) + data
+    return b"\x12" + encode_varint(len(body)) + body
+
+
+def _slot_ref(variable_id: int, slot_name: str, slot_id: int) -> bytes:
+    return _field(
+        b"\x1a", _int(b"\x08", variable_id) + _string(b"\x12", slot_name) + _int(b"\x18", slot_id)
+    )
+
+
+def _has_checkpoint_values(edges: list[list[int]], marked: list[bool]) -> list[bool]:
+    """``marked`` (nodes with values, slots or a registered saver) spread to all ancestors."""
+    parents: dict[int, list[int]] = {}
+    for node_id, child_ids in enumerate(edges):
+        for child in child_ids:
+            parents.setdefault(child, []).append(node_id)
+    queue = [i for i, flag in enumerate(marked) if flag]
+    while queue:
+        for parent in parents.pop(queue.pop(), ()):
+            if not marked[parent]:
+                marked[parent] = True
+                queue.append(parent)
+    return marked
+
+
+def serialize_graph(
+    view: ObjectGraphView,
+    *,
+    registered_saver_for: Callable[[Trackable], str | None] | None = None,
+) -> SerializedGraph:
+    """Gather every node's values and build the object graph.
+
+    Args:
+        view: the graph to save.
+        registered_saver_for: returns the registered saver name handling an object, or None
+            (``trackpoint.saving.get_registered_saver_name``); None: no registered savers.
+
+    Raises:
+        NotImplementedError: a reachable object is a ``NotTrackable`` (semantics A7).
+        InvalidArgumentError: a container cannot be saved ("Unable to save", B12), or holds
+            a value that is neither trackable nor plain (names its path).
+        FailedPreconditionError: a value no longer exists (a deleted jax array).
+    """
+    reuse: _Reuse | None = view.save_reuse
+    view.save_reuse = None
+    if reuse is not None and registered_saver_for is None:
+        graph = reuse.serialize()
+        if graph is not None:
+            view.save_reuse = reuse
+            return graph
+    return _serialize_walk(view, registered_saver_for)
+
+
+def _serialize_walk(
+    view: ObjectGraphView, registered_saver_for: Callable[[Trackable], str | None] | None
+) -> SerializedGraph:
+    """``serialize_graph`` from a new walk; leaves a :class:`_Reuse` on ``view`` when it can."""
+    walk = walk_graph(view)
+    check_slot_variables_reachable(walk)
+    tensors = TensorsByTrackable()
+    reusable = registered_saver_for is None  # slot owners turn it off below
+    plan: list[tuple[int, tuple[str, ...], tuple[str, ...]]] = []
+    checks: list[tuple[int, str]] = []
+    registered: dict[str, dict[str, Trackable]] = {}
+    bodies: list[bytes] = []  # each node's fields 1-4
+    edges: list[list[int]] = []
+    marked: list[bool] = []
+    node_ids, names, children = walk.node_ids, walk.names, walk.children
+    # value name -> (escaped, its encoded name field): a few names recur
+    escaped_names: dict[str, tuple[str, bytes]] = {}
+    for index, obj in enumerate(walk.objects):
+        if isinstance(obj, NotTrackable):
+            path = walk.paths.get(id(obj))
+            where = readable_path(path) if path is not None else names[id(obj)]
+            raise NotImplementedError(
+                f"{where} is a {type(obj).__name__}, which opted out of checkpointing "
+                "(NotTrackable); keep it out of the object graph (assign it through "
+                "NoDependency) to save this checkpoint"
+            )
+        if isinstance(obj, SaveChecked):
+            # A container's entries that are neither trackable nor plain, a deleted jax
+            # array: an error naming the value, never a value silently left out (issue 13).
+            path = walk.paths.get(id(obj))
+            where = readable_path(path) if path is not None else names[id(obj)]
+            obj._check_saveable(where)
+            checks.append((index, where))
+        if isinstance(obj, SlotOwner):
+            reusable = False  # its slots are not part of the structure a snapshot checks
+        refs = children[index] if index < len(children) else []
+        if refs:
+            child_ids = [node_ids[id(ref.ref)] for ref in refs]
+            parts = [_child_ref(i, ref.name) for i, ref in zip(child_ids, refs)]
+        else:  # a leaf, most nodes of a large model
+            child_ids, parts = [], []
+        slots = walk.slot_refs.get(id(obj), ())
+        if slots:
+            parts += [_slot_ref(*slot) for slot in slots]  # field 3 follows the attributes
+        object_name = names[id(obj)]
+        saver_name = registered_saver_for(obj) if registered_saver_for is not None else None
+        has_values = False
+        if saver_name:
+            registered.setdefault(saver_name, {})[object_name] = obj
+            parts.append(
+                _field(b"\x22", _string(b"\x0a", saver_name) + _string(b"\x12", object_name))
+            )
+            has_values = True
+        elif has_values_of(obj):
+            values: dict[str, Any] = {}
+            full_name = _full_name(obj)
+            attributes = []
+            live = obj._serialize_to_tensors()
+            for value_name, value in live.items():
+                known = escaped_names.get(value_name)
+                if known is None:
+                    escaped = escape_local_name(value_name)
+                    known = escaped_names[value_name] = (escaped, _name_field(escaped))
+                escaped, name_field = known
+                key = f"{object_name}/{OBJECT_ATTRIBUTES_NAME}/{escaped}"  # checkpoint_key()
+                attributes.append(_attribute(name_field, full_name, key))
+                values[key] = value
+            tensors.add(obj, values)
+            plan.append((index, tuple(live), tuple(values)))
+            has_values = bool(attributes)
+            # Field order: children (1), attributes (2), slot variables (3).
+            parts[len(refs) : len(refs)] = attributes
+        bodies.append(b"".join(parts))
+        edges.append(child_ids)
+        marked.append(has_values or bool(slots))
+    flags = _has_checkpoint_values(edges, marked)
+    graph = b"".join(
+        _field(b"\x0a", body + _HAS_VALUES[flag]) for body, flag in zip(bodies, flags)
+    )
+    tensors.add(None, {OBJECT_GRAPH_KEY: string_scalar(graph)})
+    if reusable:
+        snapshot = StructureSnapshot.capture(view, walk.objects, walk.children)
+        if snapshot is not None:
+            view.save_reuse = _Reuse(snapshot, graph, plan, checks)
+    return SerializedGraph(graph, tensors, registered, tuple(walk.objects))
+
+
+class _Reuse:
+    """What one save of a view lends the next: the encoded graph and every value's key.
+
+    Valid while the structure snapshot says nothing changed and each object still names the
+    same values; the values themselves and the containers' save checks are taken anew.
+    """
+
+    __slots__ = ("_checks", "_graph", "_plan", "_snapshot")
+
+    def __init__(
+        self,
+        snapshot: StructureSnapshot,
+        graph: bytes,
+        plan: list[tuple[int, tuple[str, ...], tuple[str, ...]]],
+        checks: list[tuple[int, str]],
+    ) -> None:
+        self._snapshot = snapshot
+        self._graph = graph
+        self._plan = plan  # (node, value names, their checkpoint keys), in data order
+        self._checks = checks  # (node, readable path) of containers with save checks
+
+    def serialize(self) -> SerializedGraph | None:
+        """The graph of a save now, or None if anything it depends on changed."""
+        objects = self._snapshot.unchanged()
+        if objects is None:
+            return None
+        for index, where in self._checks:
+            objects[index]._check_saveable(where)  # type: ignore[attr-defined]
+        pairs: list[tuple[Trackable | None, dict[str, Any]]] = []
+        append = pairs.append
+        for index, names, keys in self._plan:
+            obj = objects[index]
+            live = obj._serialize_to_tensors()
+            if len(names) == 1:  # one value (a variable): the usual case
+                value = live.get(names[0], _ABSENT)
+                if value is _ABSENT or len(live) != 1:
+                    return None
+                append((obj, {keys[0]: value}))
+            elif tuple(live) == names:
+                append((obj, dict(zip(keys, live.values()))))
+            else:
+                return None
+        append((None, {OBJECT_GRAPH_KEY: string_scalar(self._graph)}))
+        return SerializedGraph(self._graph, TensorsByTrackable(pairs), {}, tuple(objects))
+
+
+_ABSENT = object()
+
