@@ -82,10 +82,6 @@ class SerializedGraph:
         return TrackableObjectGraph.FromString(self.object_graph_bytes)
 
 
-def _full_name(trackable: Trackable) -> str:
-    return trackable.name if isinstance(trackable, Variable) else ""
-
-
 # -- the object graph's bytes ---------------------------------------------------------------
 # ``TrackableObjectGraph`` serialized by hand, as protobuf does it (fields in number order,
 # empty strings and zero ints left out): building one message per node, child and attribute
@@ -107,13 +103,23 @@ def _int(tag: bytes, value: int) -> bytes:
     return tag + encode_varint(value) if value else b""
 
 
+# The varints below 128 (one byte), looked up rather than encoded: most lengths are small.
+_SMALL = [bytes([n]) for n in range(128)]
+
+
+def _varint(value: int) -> bytes:
+    return _SMALL[value] if value < 128 else encode_varint(value)
+
+
 def _child_ref(node_id: int, local_name: str) -> bytes:
     # Written out (no helper calls): one per edge of the graph.
     body = b"\x08" + encode_varint(node_id) if node_id else b""
     if local_name:
         name = local_name.encode("utf-8")
-        body += b"\x12" + encode_varint(len(name)) + name
-    return b"\x0a" + encode_varint(len(body)) + body
+        size = len(name)
+        body += b"\x12" + (_SMALL[size] if size < 128 else encode_varint(size)) + name
+    size = len(body)
+    return b"\x0a" + (_SMALL[size] if size < 128 else encode_varint(size)) + body
 
 
 def _name_field(name: str) -> bytes:
@@ -126,11 +132,11 @@ def _attribute(name_field: bytes, full_name: str, key: str) -> bytes:
     body = name_field
     if full_name:
         data = full_name.encode("utf-8")
-        body += b"\x12" + encode_varint(len(data)) + data
+        body += b"\x12" + _varint(len(data)) + data
     if key:
         data = key.encode("utf-8")
-        body += b"\x1a" + encode_varint(len(data)) + data
-    return b"\x12" + encode_varint(len(body)) + body
+        body += b"\x1a" + _varint(len(data)) + data
+    return b"\x12" + _varint(len(body)) + body
 
 
 def _slot_ref(variable_id: int, slot_name: str, slot_id: int) -> bytes:
@@ -199,8 +205,17 @@ def _serialize_walk(
     node_ids, names, children = walk.node_ids, walk.names, walk.children
     # value name -> (escaped, its encoded name field): a few names recur
     escaped_names: dict[str, tuple[str, bytes]] = {}
+    # type -> (NotTrackable, SaveChecked, SlotOwner, has values, Variable): asked once per type
+    kinds: dict[type, tuple[bool, bool, bool, bool, bool]] = {}
     for index, obj in enumerate(walk.objects):
-        if isinstance(obj, NotTrackable):
+        kind = kinds.get(type(obj))
+        if kind is None:
+            kind = kinds[type(obj)] = (
+                isinstance(obj, NotTrackable), isinstance(obj, SaveChecked),
+                isinstance(obj, SlotOwner), has_values_of(obj), isinstance(obj, Variable),
+            )  # fmt: skip
+        not_trackable, save_checked, slot_owner, with_values, variable = kind
+        if not_trackable:
             path = walk.paths.get(id(obj))
             where = readable_path(path) if path is not None else names[id(obj)]
             raise NotImplementedError(
@@ -208,14 +223,14 @@ def _serialize_walk(
                 "(NotTrackable); keep it out of the object graph (assign it through "
                 "NoDependency) to save this checkpoint"
             )
-        if isinstance(obj, SaveChecked):
+        if save_checked:
             # A container's entries that are neither trackable nor plain, a deleted jax
             # array: an error naming the value, never a value silently left out (issue 13).
             path = walk.paths.get(id(obj))
             where = readable_path(path) if path is not None else names[id(obj)]
-            obj._check_saveable(where)
+            obj._check_saveable(where)  # type: ignore[attr-defined]
             checks.append((index, where))
-        if isinstance(obj, SlotOwner):
+        if slot_owner:
             reusable = False  # its slots are not part of the structure a snapshot checks
         refs = children[index] if index < len(children) else []
         if refs:
@@ -235,9 +250,9 @@ def _serialize_walk(
                 _field(b"\x22", _string(b"\x0a", saver_name) + _string(b"\x12", object_name))
             )
             has_values = True
-        elif has_values_of(obj):
+        elif with_values:
             values: dict[str, Any] = {}
-            full_name = _full_name(obj)
+            full_name = obj.name if variable else ""  # type: ignore[attr-defined]
             attributes = []
             live = obj._serialize_to_tensors()
             for value_name, value in live.items():
