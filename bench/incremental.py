@@ -1,6 +1,7 @@
 """Incremental checkpoints (issue 16): a LoRA-like fine-tune saved 10 times.
 
-Run: ``.venv/bin/python bench/incremental.py [--small] [--saves 10] [--dir /dev/shm]``.
+Run: ``.venv/bin/python bench/incremental.py [--small] [--saves 10] [--dir /dev/shm]
+[--only trackpoint]``.
 
 The state is a torch module with a frozen base (64 float32 weights, 1 GiB; ``--small``: 64 MiB)
 and rank-8 LoRA adapters on every weight (8 MiB; ``--small``: 2 MiB), trained by Adam (its
@@ -185,6 +186,10 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="64 MiB base instead of 1 GiB")
     parser.add_argument("--saves", type=int, default=10)
     parser.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    parser.add_argument(
+        "--only", default="", help="run only the systems whose name starts with this "
+        "(e.g. 'trackpoint'); the ratios need 'trackpoint full'",
+    )  # fmt: skip
     args = parser.parse_args()
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
     console = Console(width=150)
@@ -200,6 +205,8 @@ def main() -> int:
     )
     results = []
     for name, save, keep in _systems(model, optimizer):
+        if not name.startswith(args.only) and name != "trackpoint full":
+            continue
         with contextlib.redirect_stderr(open(os.devnull, "w")):  # noqa: SIM115
             results.append(
                 _run(name, save, directory, model, optimizer, args.saves, keep=keep)

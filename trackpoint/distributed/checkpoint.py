@@ -354,6 +354,8 @@ class DistributedCheckpoint(Checkpoint):
         if failed:
             raise_collected(failed, error, f"Restoring checkpoint {prefix}", prefix)
         assert status is not None
+        # Incremental saves compare this rank's values with the checkpoint just restored.
+        self._self_history.restored(prefix, storage)
         return status
 
     def _agree_on_prefix(self, path: str, storage: Storage) -> str:

@@ -6,8 +6,10 @@ what (:func:`assign_writers`):
 
 * a value held by one rank is written by it (its own slices of a sharded tensor);
 * a value held by several ranks (the same key and slice spec: a replicated parameter, a DTensor
-  replicated over a mesh dimension) is written once, by the holder with the fewest bytes to
-  write so far, largest values first (greedy balancing);
+  replicated over a mesh dimension) is written once: by the holder that claims it (an
+  incremental save: the rank that wrote it last time, so that it can reuse its own data file),
+  else by the holder with the fewest bytes to write so far, largest values first (greedy
+  balancing);
 * the object graph is written by the coordinator, whose graph the checkpoint records.
 
 Errors found here stop the save on every rank before any file is written: ranks disagreeing on
@@ -145,6 +147,7 @@ def assign_writers(
     *,
     coordinator: int = 0,
     graph_keys: Collection[str] | None = None,
+    preferred: Sequence[Collection[int]] | None = None,
 ) -> list[list[int]]:
     """Decide which rank writes each value; validate the ranks' descriptions first.
 
@@ -153,6 +156,8 @@ def assign_writers(
         coordinator: the rank whose object graph is saved; it writes the graph.
         graph_keys: the checkpoint keys of the coordinator's object graph; every rank's keys
             must be among them (None: not checked).
+        preferred: for each rank, indices (into its own list) of the values it claims; a
+            value several ranks hold goes to the lowest claiming rank.
 
     Returns:
         For each rank, the indices (into its own list) of the values it writes.
@@ -202,6 +207,12 @@ def assign_writers(
         if "" not in specs:
             _check_tiling(key, sorted(specs))
 
+    claimed: dict[tuple[str, str], int] = {}
+    for rank, indices in reversed(list(enumerate(preferred or ()))):
+        for i in indices:
+            if 0 <= i < len(infos_by_rank[rank]):
+                info = infos_by_rank[rank][i]
+                claimed[(info.key, info.spec)] = rank
     loads = [0] * len(infos_by_rank)
     writer: dict[tuple[str, str], int] = {}
     shared: list[tuple[int, str, str]] = []
@@ -210,6 +221,8 @@ def assign_writers(
             writer[ident] = coordinator
         elif len(ranks) == 1:
             writer[ident] = ranks[0]
+        elif ident in claimed:
+            writer[ident] = claimed[ident]
         else:
             shared.append((-infos[ident][ranks[0]].nbytes, *ident))
             continue

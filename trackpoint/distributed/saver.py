@@ -11,14 +11,20 @@ its error, so all ranks fail together and quickly:
    byte-balanced share of the replicated values).
 2. *shard*: each rank applies the sharding policy to its values; the ranks exchange their shard
    counts, and the coordinator hands out the names ``part-SSSSS-of-NNNNN`` in the temporary place
-   (shards are numbered rank by rank).
-3. *write*: each rank writes its shards (a thread pool, as a single-process save does) and
-   reports success or its error to the coordinator.
+   (shards are numbered rank by rank). An incremental save (``CheckpointOptions(incremental=True)``,
+   docs/incremental.md) first runs the single-process engine (``trackpoint.saving.incremental``)
+   on the values this rank writes: unchanged values whose data files this rank wrote last time
+   are not written again, and those files become one more shard of this rank, a bundle of hard
+   links (``trackpoint.saving.reuse``). In step 1 each rank claims the values it wrote last time
+   and the coordinator gives them back to it, so a rank keeps reusing its own files.
+3. *write*: each rank writes its shards (a thread pool, as a single-process save does), links
+   the files it reuses, and reports success or its error to the coordinator.
 4. *commit*: the coordinator merges the shard indexes into ``prefix`` (data files renamed into
    place, the index written last: the commit point) and runs its write callbacks (the state
    file); then it tells every rank the result and the checkpoint's file sizes. The other ranks
    run their own write callbacks, every rank records its figures (:func:`_record`) and reports
-   ``"commit"`` with them, and all return ``prefix`` or raise.
+   ``"commit"`` with them (an incremental save also records the checkpoint as the next one's
+   baseline), and all return ``prefix`` or raise.
 
 Any failure before the commit point aborts on the coordinator (everything this save wrote is
 removed; an earlier checkpoint stays the latest). If the coordinator itself dies, its temporary
@@ -53,7 +59,15 @@ from trackpoint.saving import (
     ShardableTensor,
     ShardByTaskPolicy,
 )
+from trackpoint.saving.change_tracking import ValueKey, ValueVersion, value_versions
 from trackpoint.saving.commit import AtomicCommit
+from trackpoint.saving.incremental import (
+    IncrementalPlan,
+    SaveHistory,
+    plan_of,
+    prepare_incremental,
+    record_incremental,
+)
 from trackpoint.saving.progress import WrittenFiles, committed_sizes, write_stats
 from trackpoint.saving.saver import SerializedTensors
 from trackpoint.saving.shard_validation import policy_description, validate_shards
@@ -132,6 +146,19 @@ class DistributedSaver(MultiDeviceSaver):
         self.coordinator = coordinator
         self.graph_keys = graph_keys
         self.error = error
+        self.rank_history: SaveHistory | None = None
+        self.versions: dict[ValueKey, ValueVersion] | None = None
+
+    def use_history(self, history: SaveHistory) -> bool:
+        """Let saves with ``options.incremental`` reuse the data files this rank wrote.
+
+        The inherited :attr:`history` stays None: the plan is made in the save, once the ranks
+        have agreed on which values this rank writes (an async save therefore copies every
+        value at the call, as a full one does). The values' exact versions are taken at the
+        call, by :meth:`snapshot`.
+        """
+        self.rank_history = history
+        return True
 
     def snapshot(self) -> SaveSnapshot:
         """Evaluate this rank's values; an error is kept for the save instead of raised.
@@ -140,7 +167,12 @@ class DistributedSaver(MultiDeviceSaver):
         """
         if self.error is None:
             try:
-                return super().snapshot()
+                snapshot = super().snapshot()
+                if self.rank_history is not None:  # exact versions name the values of now
+                    self.versions = value_versions(
+                        [st for sts in snapshot.tensors_by_task.values() for st in sts]
+                    )
+                return snapshot
             except Exception as exc:  # reported to every rank by save_snapshot
                 self.error = exc
         return SaveSnapshot({})
@@ -221,6 +253,9 @@ class _SaveRun:
         self.timing = timing
         self.started = started
         self.sharding_seconds = 0.0
+        self.history = saver.rank_history if options.incremental else None
+        self.plan: IncrementalPlan | None = None  # this rank's incremental plan
+        self.incremental: SaveSnapshot | None = None
 
     def run(self) -> str:
         try:
@@ -262,6 +297,7 @@ class _SaveRun:
             "prefix": self.prefix,
             "error": error_message(self.error, self.rank),
             "infos": [info.to_json() for info in infos],
+            "claims": self._claims() if infos else [],
         }
         gathered = self.collective.gather(message, coordinator)
         replies = self._plan(gathered) if gathered is not None else None
@@ -275,8 +311,9 @@ class _SaveRun:
             shards = self._shard(mine)
         except Exception as exc:
             self.error = exc
+        linked = self.plan is not None and bool(self.plan.linked)
         counts = self.collective.all_gather(
-            {"count": len(shards), "error": error_message(self.error, self.rank)}
+            {"count": len(shards) + linked, "error": error_message(self.error, self.rank)}
         )
         self._check([c["error"] for c in counts])
         total = sum(c["count"] for c in counts)
@@ -302,6 +339,8 @@ class _SaveRun:
             result = self._commit(statuses, names)
         result = self.collective.broadcast(result, coordinator)
         self._check(result["errors"])
+        if self.incremental is not None:  # committed: the next incremental save compares to it
+            record_incremental(self.incremental, self.prefix, self.storage)
         if not self.is_coordinator:
             # The checkpoint is committed: this rank's own callbacks (its CheckpointManager
             # follows the state file the coordinator's callbacks wrote).
@@ -338,7 +377,8 @@ class _SaveRun:
                     )
                 infos = [[TensorInfo.from_json(v) for v in m["infos"]] for m in gathered]
                 writes = assign_writers(
-                    infos, coordinator=self.rank, graph_keys=self.saver.graph_keys
+                    infos, coordinator=self.rank, graph_keys=self.saver.graph_keys,
+                    preferred=[m.get("claims", []) for m in gathered],
                 )
                 return [{"errors": [], "write": w} for w in writes]
             except CheckpointError as exc:
@@ -348,19 +388,44 @@ class _SaveRun:
         errors = [m["error"] for m in gathered if m["error"]] or [error]
         return [{"errors": errors, "write": []} for _ in range(world)]
 
+    def _claims(self) -> list[int]:
+        """Indices of this rank's values that it wrote in the previous (incremental) save."""
+        if self.history is None:
+            return []
+        recorded = self.history.recorded()
+        if not recorded:
+            return []
+        return [
+            i for i, st in enumerate(self.tensors)
+            if (st.checkpoint_key, st.slice_spec) in recorded
+        ]
+
     def _shard(self, tensors: list[ShardableTensor]) -> list[Shard]:
         policy = self.options.sharding_policy or ShardByTaskPolicy()
+        if self.history is not None:
+            # Incremental: the single-process engine, on the values this rank writes.
+            self.incremental = prepare_incremental(
+                self.history, SaveSnapshot({"": tensors}), self.prefix, self.options,
+                self.storage, versions=self.saver.versions or {},
+            )  # fmt: skip
+            self.plan = plan_of(self.incremental)
         began = time.perf_counter()
-        shards = [shard for shard in policy(tensors) if shard]
+        if self.plan is not None and self.incremental is not None:
+            shards = [s for _, s in self.plan.shards(self.incremental, policy)]
+        else:
+            shards = [shard for shard in policy(tensors) if shard]
+            if not isinstance(policy, (ShardByTaskPolicy, MaxShardSizePolicy)):
+                validate_shards({"": shards}, tensors, policy_description(policy))
         self.sharding_seconds = time.perf_counter() - began
-        if not isinstance(policy, (ShardByTaskPolicy, MaxShardSizePolicy)):
-            validate_shards({"": shards}, tensors, policy_description(policy))
-        if self.is_coordinator and not shards:
+        if self.is_coordinator and not shards and not (self.plan and self.plan.linked):
             shards = [{}]  # the coordinator always writes (at least the object graph)
         return shards
 
     def _write(self, shards: list[Shard], names: list[str], first: int) -> int:
-        """Write this rank's shards (``names[first:]`` on); returns their payload bytes."""
+        """Write this rank's shards (``names[first:]`` on), then link the data files it reuses
+        as one more bundle; returns the payload bytes written."""
+        if self.plan is not None and self.plan.linked:
+            self.plan.link(names[first + len(shards)], self.storage)
         if not shards:
             return 0
         sizes = [payload_bytes(shard) for shard in shards]

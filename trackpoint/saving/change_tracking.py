@@ -22,9 +22,12 @@ recorded when the previous checkpoint was written:
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import weakref
 from collections.abc import Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -42,6 +45,7 @@ __all__ = [
     "content_digest",
     "same_token",
     "value_tokens",
+    "value_versions",
 ]
 
 ValueKey = tuple[str, str]
@@ -49,6 +53,13 @@ ValueKey = tuple[str, str]
 
 # Non-contiguous and big-endian arrays are hashed this many bytes at a time.
 _CHUNK_BYTES = 8 << 20
+# Arrays larger than this are hashed as runs of rows of about this size (see content_digest).
+_SEGMENT_BYTES = 32 << 20
+# Below this many bytes per save, hashing on one thread beats handing work to others.
+_PARALLEL_BYTES = 16 << 20
+_MAX_HASH_THREADS = 4
+# Smaller arrays are hashed by the calling thread while the pool hashes the large ones.
+_JOB_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -105,52 +116,178 @@ def _string_bytes(item: Any) -> bytes:
     return repr(item).encode("utf-8")  # never stored: the save refuses it; just distinct
 
 
+def _header(array: np.ndarray) -> tuple[np.ndarray, bytes | None]:
+    """(the array as the file stores numbers: little-endian, at least 1-D; its header), or
+    (the array, None) for strings."""
+    dtype = array.dtype
+    if dtype.hasobject or dtype.kind in "SUT":
+        return array, None
+    header = f"{dtype.name}{array.shape}".encode()
+    if dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big"):
+        array = array.astype(dtype.newbyteorder("<"))
+    return (array.reshape(1) if array.ndim == 0 else array), header
+
+
+def _hash_strings(array: np.ndarray) -> bytes:
+    digest = xxhash.xxh3_128()
+    digest.update(f"strings{array.shape}".encode())
+    for item in array.reshape(-1).tolist():
+        data = _string_bytes(item)
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.digest()
+
+
+def _hash_rows(array: np.ndarray, start: int = 0, stop: int | None = None) -> bytes:
+    """XXH3-128 of the C-order bytes of ``array[start:stop]`` (no header)."""
+    part = array[start:stop]
+    if part.flags.c_contiguous:
+        return xxhash.xxh3_128_digest(memoryview(part.reshape(-1).view(np.uint8)))
+    digest = xxhash.xxh3_128()
+    row = max(1, part[0].nbytes) if part.shape[0] else 1
+    step = max(1, _CHUNK_BYTES // row)
+    for begin in range(0, part.shape[0], step):
+        piece = np.ascontiguousarray(part[begin : begin + step])
+        digest.update(memoryview(piece.reshape(-1).view(np.uint8)))
+    return digest.digest()
+
+
+def _segments(array: np.ndarray) -> list[tuple[int, int]]:
+    """Row ranges of a large array hashed separately (and in parallel): [] if it is small."""
+    if array.nbytes <= _SEGMENT_BYTES or array.shape[0] < 2:
+        return []
+    row = max(1, array[0].nbytes)
+    step = max(1, _SEGMENT_BYTES // row)
+    return [(i, min(i + step, array.shape[0])) for i in range(0, array.shape[0], step)]
+
+
+def _combine(header: bytes, parts: Sequence[bytes]) -> bytes:
+    digest = xxhash.xxh3_128(header)
+    digest.update(b"segments")
+    for part in parts:
+        digest.update(part)
+    return digest.digest()
+
+
 def content_digest(array: np.ndarray) -> bytes:
     """XXH3-128 of what a data file stores for ``array``: dtype, shape, then the bytes.
 
     Numbers are hashed as little-endian C-order bytes (the file's form), strings as each
     element's length and bytes, so two arrays get equal digests iff a checkpoint would store
     the same value for them (up to XXH3-128 collisions: about 2**-128 per pair for data not
-    crafted to collide).
+    crafted to collide). An array over 32 MiB is hashed as 32 MiB runs of rows whose digests
+    are hashed together (so that :func:`value_tokens` can hash the runs in parallel): still a
+    function of exactly the stored form.
     """
-    digest = xxhash.xxh3_128()
-    dtype = array.dtype
-    if dtype.hasobject or dtype.kind in "SUT":
-        digest.update(f"strings{array.shape}".encode())
-        for item in array.reshape(-1).tolist():
-            data = _string_bytes(item)
-            digest.update(len(data).to_bytes(8, "little"))
-            digest.update(data)
-        return digest.digest()
-    digest.update(f"{dtype.name}{array.shape}".encode())
-    if dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big"):
-        dtype = dtype.newbyteorder("<")
-        array = array.astype(dtype)
-    if array.ndim == 0:
-        array = array.reshape(1)
-    if array.flags.c_contiguous:
-        digest.update(memoryview(array.reshape(-1).view(np.uint8)))
-        return digest.digest()
-    row = max(1, array[0].nbytes) if array.shape[0] else 1
-    step = max(1, _CHUNK_BYTES // row)
-    for start in range(0, array.shape[0], step):
-        piece = np.ascontiguousarray(array[start : start + step])
-        digest.update(memoryview(piece.reshape(-1).view(np.uint8)))
-    return digest.digest()
+    array, header = _header(array)
+    if header is None:
+        return _hash_strings(array)
+    segments = _segments(array)
+    if segments:
+        return _combine(header, [_hash_rows(array, a, b) for a, b in segments])
+    return xxhash.xxh3_128_digest(header + _hash_rows(array))
 
 
-def value_tokens(tensors: Sequence[ShardableTensor]) -> dict[ValueKey, Token]:
-    """The token of every value: its trackable's exact version if it has one, else a digest."""
+def value_versions(tensors: Sequence[ShardableTensor]) -> dict[ValueKey, ValueVersion]:
+    """The exact versions of the values that have one (cheap: no bytes are read).
+
+    Take them when the values are snapshotted: a version names the holder *now*.
+    """
     versions: dict[int, Mapping[str, ValueVersion | None]] = {}
-    tokens: dict[ValueKey, Token] = {}
+    out: dict[ValueKey, ValueVersion] = {}
     for st in tensors:
         trackable = st.trackable
-        version: ValueVersion | None = None
-        if trackable is not None and hasattr(type(trackable), "_value_versions"):
-            known = versions.get(id(trackable))
-            if known is None:
-                known = versions[id(trackable)] = trackable._value_versions()
-            version = known.get(unescape_local_name(local_name(st.checkpoint_key)))
+        if trackable is None or not hasattr(type(trackable), "_value_versions"):
+            continue
+        known = versions.get(id(trackable))
+        if known is None:
+            known = versions[id(trackable)] = trackable._value_versions()
+        version = known.get(unescape_local_name(local_name(st.checkpoint_key)))
+        if version is not None:
+            out[(st.checkpoint_key, st.slice_spec)] = version
+    return out
+
+
+def _hash_threads() -> int:
+    return max(1, min(_MAX_HASH_THREADS, os.cpu_count() or 1))
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_hash_threads(), thread_name_prefix="trackpoint-hash")
+        return _pool
+
+
+def _digests(arrays: Sequence[np.ndarray]) -> list[bytes]:
+    """``content_digest`` of each array; large inputs on several threads.
+
+    xxhash releases the GIL while it hashes, so the threads hash at once: the work is cut into
+    jobs of whole small arrays and 32 MiB runs of large ones, largest first.
+    """
+    total = sum(int(a.nbytes) for a in arrays)
+    if total < _PARALLEL_BYTES or _hash_threads() < 2:
+        return [content_digest(a) for a in arrays]
+    prepared = [_header(a) for a in arrays]
+    jobs: list[tuple[int, int, int, int]] = []  # (bytes, array index, start, stop; -1: whole)
+    here: list[tuple[int, int, int, int]] = []  # small arrays: hashed by this thread meanwhile
+    segments: list[list[tuple[int, int]]] = []
+    for i, (array, header) in enumerate(prepared):
+        runs = _segments(array) if header is not None else []
+        segments.append(runs)
+        if not runs:
+            nbytes = int(array.nbytes)
+            (jobs if nbytes >= _JOB_BYTES else here).append((nbytes, i, -1, -1))
+        for start, stop in runs:
+            jobs.append((int(array[start:stop].nbytes), i, start, stop))
+    jobs.sort(key=lambda job: -job[0])
+
+    def run(job: tuple[int, int, int, int]) -> bytes:
+        _, i, start, stop = job
+        array, header = prepared[i]
+        if header is None:
+            return _hash_strings(array)
+        if start < 0:
+            return xxhash.xxh3_128_digest(header + _hash_rows(array))
+        return _hash_rows(array, start, stop)
+
+    pending = _executor().map(run, jobs)  # submitted at once; results in order below
+    results = {(j[1], j[2]): run(j) for j in here}
+    results.update(zip([(j[1], j[2]) for j in jobs], pending))
+    out = []
+    for i, (_, header) in enumerate(prepared):
+        if not segments[i]:
+            out.append(results[(i, -1)])
+        else:
+            assert header is not None
+            out.append(_combine(header, [results[(i, start)] for start, _ in segments[i]]))
+    return out
+
+
+def value_tokens(
+    tensors: Sequence[ShardableTensor], versions: Mapping[ValueKey, ValueVersion] | None = None
+) -> dict[ValueKey, Token]:
+    """The token of every value: its exact version if it has one, else its content digest.
+
+    ``versions``: taken earlier by :func:`value_versions`, when the values were snapshotted
+    (an async distributed save hashes its copies later); by default taken now.
+    """
+    if versions is None:
+        versions = value_versions(tensors)
+    tokens: dict[ValueKey, Token] = {}
+    hashed: list[ShardableTensor] = []
+    for st in tensors:
         key = (st.checkpoint_key, st.slice_spec)
-        tokens[key] = version if version is not None else content_digest(st.tensor)
+        version = versions.get(key)
+        if version is not None:
+            tokens[key] = version
+        else:
+            hashed.append(st)
+    for st, digest in zip(hashed, _digests([st.tensor for st in hashed])):
+        tokens[(st.checkpoint_key, st.slice_spec)] = digest
     return tokens

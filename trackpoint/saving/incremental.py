@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +36,7 @@ from trackpoint.errors import CheckpointError
 from trackpoint.saving.change_tracking import (
     Token,
     ValueKey,
+    ValueVersion,
     content_digest,
     same_token,
     value_tokens,
@@ -105,6 +106,8 @@ class _Baseline:
     """Every value's token when written by this history; None after a restore."""
     index_digest: bytes | None = None
     file_sizes: tuple[int, ...] | None = None
+    parsed: PreviousCheckpoint | None = None
+    """Its index as read back after the commit (reused while the index bytes are the same)."""
 
 
 class SaveHistory:
@@ -124,6 +127,17 @@ class SaveHistory:
         """The checkpoint the next incremental save compares against, if any."""
         baseline = self._baseline
         return baseline.prefix if baseline is not None else None
+
+    def recorded(self) -> frozenset[ValueKey]:
+        """The values whose tokens were recorded: those this history's last save wrote.
+
+        A distributed save asks the rank that wrote a value last time to write it again, so
+        that it can reuse its own file (``trackpoint.distributed``).
+        """
+        baseline = self._baseline
+        if baseline is None or baseline.tokens is None:
+            return frozenset()
+        return frozenset(baseline.tokens)
 
     def restored(self, prefix: str, storage: Storage | None) -> None:
         """``prefix`` was just restored: the next save compares values with its bytes."""
@@ -154,7 +168,7 @@ class SaveHistory:
             self.forget()
             return
         with self._lock:
-            self._baseline = _Baseline(prefix, storage, tokens, _digest(index), sizes)
+            self._baseline = _Baseline(prefix, storage, tokens, _digest(index), sizes, previous)
 
     def _load(self, storage: Storage) -> tuple[_Baseline, PreviousCheckpoint] | None:
         """The baseline and its index, if the checkpoint is still there as recorded."""
@@ -174,6 +188,8 @@ class SaveHistory:
                     baseline.prefix,
                 )
                 return None
+            if baseline.parsed is not None:
+                return baseline, baseline.parsed  # the same index bytes: parsed once
             return baseline, PreviousCheckpoint(baseline.prefix, storage, index)
         except CheckpointError as exc:
             logger.info(
@@ -259,17 +275,22 @@ def prepare_incremental(
     prefix: str,
     options: CheckpointOptions,
     storage: Storage | None = None,
+    *,
+    versions: Mapping[ValueKey, ValueVersion] | None = None,
 ) -> SaveSnapshot:
     """``snapshot`` reduced to what an incremental save must write, with its plan.
 
     Unchanged: without ``options.incremental`` or a history, or if already planned.
+    ``versions``: the values' exact versions, if taken when they were snapshotted (a
+    distributed save plans after the ranks agree on who writes what, possibly on copies);
+    by default they are taken now.
     """
     if history is None or not options.incremental or plan_of(snapshot) is not None:
         return snapshot
     if getattr(snapshot, "shards", ()):
         return snapshot  # a staged snapshot was planned before it was staged
     storage = storage or options.storage or storage_for(prefix, fsync=options.fsync)
-    return _Planner(history, storage).plan(snapshot)
+    return _Planner(history, storage, versions).plan(snapshot)
 
 
 def record_incremental(snapshot: SaveSnapshot, prefix: str, storage: Storage) -> None:
@@ -282,14 +303,20 @@ def record_incremental(snapshot: SaveSnapshot, prefix: str, storage: Storage) ->
 class _Planner:
     """One run of the planning steps 1-3 of the module docstring."""
 
-    def __init__(self, history: SaveHistory, storage: Storage) -> None:
+    def __init__(
+        self,
+        history: SaveHistory,
+        storage: Storage,
+        versions: Mapping[ValueKey, ValueVersion] | None = None,
+    ) -> None:
         self.history = history
         self.storage = storage
+        self.versions = versions
         self._reader: BundleReader | None = None
 
     def plan(self, snapshot: SaveSnapshot) -> IncrementalSnapshot:
         every = [st for tensors in snapshot.tensors_by_task.values() for st in tensors]
-        tokens = value_tokens(every)
+        tokens = value_tokens(every, self.versions)
         loaded = self.history._load(self.storage)
         unchanged: dict[ValueKey, list[Piece]] = {}
         if loaded is not None:

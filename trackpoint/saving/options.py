@@ -82,8 +82,8 @@ class CheckpointOptions:
             are hard links to the previous checkpoint's (a server-side copy on object
             stores). Every checkpoint stays complete on its own; deleting any other never
             breaks it. Values are compared by a content hash (XXH3-128), JAX arrays by
-            identity (docs/incremental.md). Not yet supported by ``DistributedCheckpoint``
-            (it writes every value) nor by a bare ``MultiDeviceSaver`` without a history.
+            identity (docs/incremental.md). ``DistributedCheckpoint``: each rank reuses the
+            files it wrote. A bare ``MultiDeviceSaver`` needs ``use_history`` first.
     """
 
     enable_async: bool = False
