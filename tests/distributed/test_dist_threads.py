@@ -20,6 +20,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from thread_ranks import run_ranks  # noqa: E402
+
 import trackpoint as tp  # noqa: E402
 import trackpoint.distributed as tpd  # noqa: E402
 from trackpoint import metrics  # noqa: E402
@@ -30,26 +32,6 @@ from trackpoint.errors import CheckpointError, InvalidArgumentError  # noqa: E40
 from trackpoint.storage import LocalStorage, RangeReader  # noqa: E402
 
 FULL = np.arange(60, dtype=np.float32).reshape(10, 6)
-
-
-def run_ranks(world: int, work: Callable[[int, tpd.Collective], Any]) -> list[Any]:
-    """``work(rank, collective)`` on ``world`` threads; each rank's result or exception."""
-    group = tpd.ThreadGroup(world, timeout=20)
-    results: list[Any] = [None] * world
-
-    def target(rank: int) -> None:
-        try:
-            results[rank] = work(rank, group.collective(rank))
-        except BaseException as exc:  # noqa: BLE001  (returned to the test)
-            results[rank] = exc
-
-    threads = [threading.Thread(target=target, args=(r,), name=f"rank{r}") for r in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not any(t.is_alive() for t in threads), "a rank is stuck"
-    return results
 
 
 def rows(world: int, rank: int) -> tuple[int, int]:

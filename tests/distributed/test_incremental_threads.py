@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("torch")
+
+from thread_ranks import run_ranks  # noqa: E402
 
 import trackpoint as tp  # noqa: E402
 import trackpoint.distributed as tpd  # noqa: E402
@@ -27,26 +28,6 @@ from trackpoint.errors import CheckpointError  # noqa: E402
 INC = tp.CheckpointOptions(incremental=True)
 MIB = 1 << 20
 ROWS, COLS = 512, 1024  # the sharded table: 2 MiB of float32, 1 MiB per rank on 2 ranks
-
-
-def run_ranks(world: int, work: Callable[[int, tpd.Collective], Any]) -> list[Any]:
-    """``work(rank, collective)`` on ``world`` threads named ``rank<r>``; results/exceptions."""
-    group = tpd.ThreadGroup(world, timeout=20)
-    results: list[Any] = [None] * world
-
-    def target(rank: int) -> None:
-        try:
-            results[rank] = work(rank, group.collective(rank))
-        except BaseException as exc:  # noqa: BLE001  (returned to the test)
-            results[rank] = exc
-
-    threads = [threading.Thread(target=target, args=(r,), name=f"rank{r}") for r in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not any(t.is_alive() for t in threads), "a rank is stuck"
-    return results
 
 
 def full_table() -> np.ndarray:
