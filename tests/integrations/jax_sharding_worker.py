@@ -83,7 +83,9 @@ def main(directory: Path) -> None:
     # Only the needed regions are read: each target box reads the stored slices it meets.
     calls: list[tuple[str, int]] = []
     read_slice = BundleReader.read_slice
-    read_stored = DataFiles.read  # where every verb gets a stored tensor's (or slice's) bytes
+    # Where every verb gets a stored tensor's (or slice's) bytes: read, or the checked
+    # zero-copy view and the copy straight into a target (the many-small-values paths).
+    read_stored, view_stored, copy_stored = DataFiles.read, DataFiles.view, DataFiles.copy_into
 
     def spy_read_slice(
         self: BundleReader, key: str, tensor_slice: Any, **kwargs: Any
@@ -95,8 +97,22 @@ def main(directory: Path) -> None:
         calls.append(("entry", key))
         return read_stored(self, key, layout)
 
+    def spy_view_stored(self: DataFiles, layout: Any) -> Any:
+        calls.append(("entry", keys_by_offset.get((layout.shard_id, layout.offset), "?")))
+        return view_stored(self, layout)
+
+    def spy_copy_stored(self: DataFiles, layout: Any, out: Any) -> Any:
+        calls.append(("entry", keys_by_offset.get((layout.shard_id, layout.offset), "?")))
+        return copy_stored(self, layout, out)
+
+    with BundleReader(prefix) as index:
+        keys_by_offset = {
+            (index.entry(k).shard_id, index.entry(k).offset): k for k in index.keys()
+        }
     BundleReader.read_slice = spy_read_slice  # type: ignore[method-assign]
     DataFiles.read = spy_read_stored  # type: ignore[method-assign]
+    DataFiles.view = spy_view_stored  # type: ignore[method-assign]
+    DataFiles.copy_into = spy_copy_stored  # type: ignore[method-assign]
     try:
         rows8 = jax.ShapeDtypeStruct(
             (8, 12), jnp.float32, sharding=NamedSharding(mesh8, P("z", None))
@@ -109,6 +125,8 @@ def main(directory: Path) -> None:
     finally:
         BundleReader.read_slice = read_slice  # type: ignore[method-assign]
         DataFiles.read = read_stored  # type: ignore[method-assign]
+        DataFiles.view = view_stored  # type: ignore[method-assign]
+        DataFiles.copy_into = copy_stored  # type: ignore[method-assign]
 
     # An optax state of sharded params through tp.Checkpoint, restored on another mesh.
     params = {"w": tree["a"], "b": jax.device_put(FULL[0], NamedSharding(mesh42, P("y")))}

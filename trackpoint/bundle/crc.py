@@ -21,6 +21,7 @@ __all__ = [
     "MASK_DELTA",
     "PARALLEL_HASH_BYTES",
     "crc32c",
+    "crc32c_extend",
     "crc32c_in_background",
     "extend",
     "mask",
@@ -54,6 +55,11 @@ def unmask(masked: int) -> int:
     return ((rot >> 17) | (rot << 15)) & _U32
 
 
+# The C function itself, ``crc32c_extend(data, crc=0)``: ``extend(crc, data)`` without a Python
+# call around it, for loops over many small tensors where that call costs as much as the hash.
+crc32c_extend = _crc32c.crc32c
+
+
 def masked_crc32c(data: Buffer) -> int:
     """``mask(crc32c(data))``: as stored in block trailers and ``BundleEntryProto.crc32c``."""
     return mask(_crc32c.crc32c(data))
@@ -68,8 +74,8 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-def crc32c_in_background(data: Buffer) -> Future[int]:
-    """``crc32c(data)`` computed on a process-wide helper thread (made on first use).
+def crc32c_in_background(data: Buffer, crc: int = 0) -> Future[int]:
+    """``extend(crc, data)`` computed on a process-wide helper thread (made on first use).
 
     When the interpreter is exiting and no thread can start, the CRC is computed now and
     returned as a completed future. ``data`` must not change until the future is done.
@@ -82,8 +88,8 @@ def crc32c_in_background(data: Buffer) -> Future[int]:
                     max_workers=_HASH_THREADS, thread_name_prefix="trackpoint-crc"
                 )
     try:
-        return _pool.submit(_crc32c.crc32c, data)
+        return _pool.submit(_crc32c.crc32c, data, crc)
     except RuntimeError:  # the interpreter is exiting: no new threads
         done: Future[int] = Future()
-        done.set_result(_crc32c.crc32c(data))
+        done.set_result(_crc32c.crc32c(data, crc))
         return done

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trackpoint.bundle.crc import crc32c, mask
+from trackpoint.bundle.crc import crc32c, crc32c_extend, mask
 from trackpoint.bundle.index import count_checksum_failure
 from trackpoint.bundle.naming import data_filename
 from trackpoint.bundle.strings import decode_strings
@@ -66,8 +66,10 @@ class DataFiles:
         self._big_endian = big_endian
         self._lock = threading.Lock()
         self._readers: dict[int, RangeReader] = {}
-        # shard id -> the whole file as a uint8 array, for files mapped into memory.
+        # shard id -> the whole file as a uint8 array, for files mapped into memory, and as a
+        # memoryview (slicing and hashing one costs less than a numpy slice, per tensor).
         self._mapped: dict[int, np.ndarray] = {}
+        self._views: dict[int, memoryview] = {}
         self._closed = False
 
     def path(self, shard_id: int) -> str:
@@ -95,6 +97,41 @@ class DataFiles:
         if end > mapped.size:
             raise self._truncated(key, shard_id, offset, size, mapped.size)
         return mapped[offset:end]
+
+    def copy_into(self, layout: Layout, out: np.ndarray) -> bool:
+        """Copy the bytes of ``layout`` (readable, numeric, of a little-endian file) into
+        ``out`` (its shape and dtype) if their checksum matches; True if done.
+
+        The short way for the many small tensors of a restore: a slice of a mapped file, its
+        CRC and one copy, no intermediate array. False, with ``out`` untouched, whenever
+        :meth:`read` and :meth:`verified` must decide (a file not mapped or not opened yet,
+        a truncated file, a checksum that does not match) or ``out`` is not C-contiguous.
+        """
+        view = self._views.get(layout.shard_id)
+        if view is None:
+            return False
+        offset = layout.offset
+        raw = view[offset : offset + layout.size]
+        if raw.nbytes != layout.size or crc32c_extend(raw) != layout.crc:
+            return False
+        try:
+            out.data.cast("B")[:] = raw
+        except (TypeError, ValueError):  # not C-contiguous, or no buffer format (bfloat16)
+            return False
+        return True
+
+    def view(self, layout: Layout) -> np.ndarray | None:
+        """A read-only view of ``layout`` (readable, numeric, of a little-endian file) in its
+        mapped file if the checksum matches, else None for :meth:`read` and :meth:`verified`
+        to decide (a file not mapped or not opened yet, truncated, or damaged)."""
+        whole = self._mapped.get(layout.shard_id)
+        if whole is None or layout.dtype is None:
+            return None
+        offset = layout.offset
+        raw = whole[offset : offset + layout.size]
+        if raw.size != layout.size or crc32c_extend(raw) != layout.crc:
+            return None
+        return raw.view(layout.dtype).reshape(layout.shape)
 
     def verified(
         self, key: str, layout: Layout, raw: np.ndarray | memoryview, crc: int | None = None
@@ -196,6 +233,7 @@ class DataFiles:
                     whole = np.frombuffer(mapped, dtype=np.uint8)
                     whole.flags.writeable = False
                     self._mapped[shard_id] = whole
+                    self._views[shard_id] = memoryview(whole)
         return reader
 
     def close(self) -> bool:
@@ -207,6 +245,7 @@ class DataFiles:
             already_closed, self._closed = self._closed, True
             readers, self._readers = list(self._readers.values()), {}
             self._mapped = {}  # views handed out keep their own reference
+            self._views = {}
         for reader in readers:
             try:
                 reader.close()

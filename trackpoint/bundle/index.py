@@ -9,21 +9,24 @@ them.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from itertools import compress
 from typing import TYPE_CHECKING, NoReturn
+
+import numpy as np
 
 from trackpoint.bundle.dtypes import DataType, numpy_dtype_for
 from trackpoint.bundle.entries import check_header, entry_shape, parse_entry, parse_header
 from trackpoint.bundle.layout import Layout, LayoutDecoder, check_entry
+from trackpoint.bundle.layout_batch import common_layouts
 from trackpoint.bundle.naming import index_filename
 from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleHeaderProto
 from trackpoint.bundle.slice_spec import encode_slice_key
-from trackpoint.bundle.table import read_table
+from trackpoint.bundle.table_scan import scan_table
 from trackpoint.errors import DataLossError, NotFoundError
 from trackpoint.metrics import registry as metrics
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto
     from trackpoint.bundle.slice_spec import TensorSlice
     from trackpoint.storage.base import Storage
@@ -68,37 +71,39 @@ class BundleIndex:
             ) from exc
         self.nbytes = len(data)
         try:
-            pairs = read_table(data, self.path)
+            table = scan_table(data, self.path)
         except DataLossError as exc:
             count_checksum_failure(exc)
             raise
-        if not pairs or pairs[0][0] != b"":
+        keys = table.keys
+        if not keys or keys[0] != b"":
             raise DataLossError(
                 f"Corrupted index file {self.path}: no header entry (key '')", path=self.path
             )
-        self.header = parse_header(pairs[0][1], self.path)
+        self.header = parse_header(table.value(0), self.path)
         check_header(self.header, self.path)
         self.num_shards: int = self.header.num_shards
         self.big_endian = self.header.endianness == BundleHeaderProto.BIG
-        self._values: dict[str, bytes] = {}
-        self._slice_values: dict[bytes, bytes] = {}
-        for raw_key, value in pairs[1:]:
-            if raw_key[:1] == b"\x00":
-                self._slice_values[raw_key] = value
-            else:
-                self._values[raw_key.decode("utf-8", "surrogateescape")] = value
+        # Slice keys start with a NUL byte (§8.3), so they sort first, right after the header.
+        first = bisect_left(keys, b"\x01", 1)
+        self._slice_values = {keys[row]: table.value(row) for row in range(1, first)}
+        # Checkpoint key -> its row of the table; values stay spans of the file until needed.
+        names = [key.decode("utf-8", "surrogateescape") for key in keys[first:]]
+        self._rows: dict[str, int] = dict(zip(names, range(first, len(keys))))
+        self._table = table
         self._entries: dict[str, BundleEntryProto] = {}
         self._decoder = LayoutDecoder(self.path, self.num_shards)
+        self._decoded_all = False  # every entry of common form decoded into layouts at once
         self.layouts: dict[str, Layout] = {}
         self._slice_layouts: dict[bytes, Layout] = {}
 
     # -- keys and entries ------------------------------------------------------------------
     def keys(self) -> list[str]:
         """Checkpoint keys in index (UTF-8 byte) order; no header, no slice keys."""
-        return list(self._values)
+        return list(self._rows)
 
     def has_tensor(self, key: str) -> bool:
-        return key in self._values
+        return key in self._rows
 
     def entry(self, key: str) -> BundleEntryProto:
         """The ``BundleEntryProto`` of ``key`` (parsed once, then cached)."""
@@ -114,12 +119,15 @@ class BundleIndex:
         return parse_entry(value, key=f"{key} [slice {stored}]", path=self.path)
 
     def _value(self, key: str) -> bytes:
-        value = self._values.get(key)
-        if value is None:
+        return self._table.value(self._row(key))
+
+    def _row(self, key: str) -> int:
+        row = self._rows.get(key)
+        if row is None:
             raise NotFoundError(
                 f"Key '{key}' not found in checkpoint {self.prefix}", path=self.prefix, key=key
             )
-        return value
+        return row
 
     def _slice_value(self, key: str, stored: TensorSlice) -> tuple[bytes, bytes]:
         """(slice key, serialized entry) of the stored slice ``stored`` of ``key`` (§8.3)."""
@@ -150,10 +158,24 @@ class BundleIndex:
         Raises:
             The errors of :meth:`layout`.
         """
-        value = self._values.get(key)
-        layout = self._decoder.decode(self._value(key) if value is None else value, key)
+        row = self._row(key)
+        if not self._decoded_all:
+            self._decode_all()
+            layout = self.layouts.get(key)
+            if layout is not None:
+                return layout
+        layout = self._decoder.decode(self._table.value(row), key)
         self.layouts[key] = layout
         return layout
+
+    def _decode_all(self) -> None:
+        """Decode every tensor entry of common form at once (the others one by one, on use):
+        cheaper per key than any decoding of one entry, for the many keys of a restore."""
+        total = len(self._table.keys)
+        rows = np.arange(total - len(self._rows), total)
+        decoded, layouts = common_layouts(self._decoder, self._table, rows, self.num_shards)
+        self.layouts.update(zip(compress(self._rows, decoded.tolist()), layouts))
+        self._decoded_all = True
 
     def slice_layout(self, key: str, stored: TensorSlice) -> Layout:
         """The decoded entry of the stored slice ``stored`` of ``key`` (then cached)."""
@@ -189,7 +211,8 @@ class BundleIndex:
 
     def raise_unreadable(self, key: str, layout: Layout) -> NoReturn:
         """Raise what makes ``layout``, a stored tensor of ``key``, unreadable."""
-        entry = parse_entry(layout.value, key=key, path=self.path)
+        # Layouts decoded in a batch leave the entry's bytes here, in the table.
+        entry = parse_entry(layout.value or self._value(key), key=key, path=self.path)
         check_entry(entry, key=key, path=self.path, num_shards=self.num_shards)
         raise AssertionError(
             f"the entry of '{key}' in {self.path} decoded as unreadable, yet passes every check"

@@ -51,7 +51,7 @@ class Layout(NamedTuple):
     is_string: bool  # DT_STRING (with a valid shape), stored as lengths, checksum, bytes (§6.2)
     readable: bool  # every check of check_entry() passes: a read needs only the data file
     slices: tuple[TensorSlice, ...]  # the stored slices of a partitioned tensor (§8.1), else ()
-    value: bytes  # the serialized entry, parsed again only to word an error
+    value: bytes  # the serialized entry, parsed again only to word an error (b"": see index)
 
 
 class _Kind(NamedTuple):
@@ -131,6 +131,23 @@ class LayoutDecoder:
             tuple([TensorSlice.from_proto(proto) for proto in stored]) if stored else (),
             value,
         )
+
+    def head_kind(self, head: bytes) -> _Kind | None:
+        """What the dtype and shape fields ``head`` (``08 <dtype> 12 <n> <shape>``) say,
+        cached; None if they do not parse.
+
+        Protobuf reads these two fields alone as it reads them at the start of an entry that
+        has no other field 1 or 2: for :mod:`~trackpoint.bundle.layout_batch`.
+        """
+        kind = self._heads.get(head)
+        if kind is None:
+            entry = BundleEntryProto()
+            try:
+                entry.ParseFromString(head)
+            except DecodeError:
+                return None
+            kind = self._heads[head] = self._kind(entry)
+        return kind
 
     def _kind(self, entry: BundleEntryProto) -> _Kind:
         datatype = int(entry.dtype)

@@ -28,7 +28,7 @@ from trackpoint.errors import InvalidArgumentError
 from trackpoint.metrics import registry as metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
     from typing_extensions import Self
 
@@ -66,8 +66,11 @@ class BundleReader:
         # files are converted, strings decoded, each into a new array.
         self._native = not self._index.big_endian
         self._files = self._data_files()
-        # Bytes read from storage, added into trackpoint_bytes_read_total once, at close().
+        # Bytes read from storage, added into trackpoint_bytes_read_total once, at close(): the
+        # index's, plus each read's, appended to _reads (atomic, no lock per tensor) and
+        # folded into _bytes_read under the lock.
         self._bytes_read = self._index.nbytes
+        self._reads: list[int] = []
         self._count_lock = threading.Lock()
 
     def _data_files(self) -> DataFiles:
@@ -149,7 +152,9 @@ class BundleReader:
 
         For checkpoints of many small tensors, where per-read bookkeeping outweighs the bytes:
         the same steps as :meth:`read`, with the bytes counted once and tensors of 4 MiB and
-        more checksummed on helper threads while this one goes on.
+        more checksummed on helper threads while this one goes on. (Hashing each piece of a
+        copy just before copying it was measured 0.82x of this for 1 GiB when the machine
+        has a core to spare.)
 
         Raises:
             The errors of :meth:`read`, for the first key that fails.
@@ -166,8 +171,14 @@ class BundleReader:
                     continue
                 if not layout.readable:
                     index.raise_unreadable(key, layout)
-                raw = files.read(key, layout)
                 size = layout.size
+                if not copy and native and not layout.is_string and size < PARALLEL_HASH_BYTES:
+                    view = files.view(layout)  # the common case, in short
+                    if view is not None:
+                        arrays.append(view)
+                        counted += size
+                        continue
+                raw = files.read(key, layout)
                 counted += size
                 if layout.is_string or not native:
                     arrays.append(files.verified(key, layout, raw))  # a new array
@@ -186,6 +197,44 @@ class BundleReader:
             self._count_read(counted)
         return arrays  # type: ignore[return-value]
 
+    def read_many_into(self, keys: Sequence[str], outs: Sequence[np.ndarray]) -> None:
+        """``read_into(key, out)`` for each pair in order, at a lower cost per key.
+
+        For restoring many small values in place: one call instead of one per value, the
+        bytes counted once. The pairs before a failing one are read.
+
+        Raises:
+            InvalidArgumentError: ``keys`` and ``outs`` differ in length, or as
+                :meth:`read_into` for the first pair that fails.
+            The errors of :meth:`read`, for the first key that fails.
+        """
+        if len(keys) != len(outs):
+            raise InvalidArgumentError(
+                f"read_many_into for {self._prefix} got {len(keys)} keys but {len(outs)} arrays",
+                path=self._prefix,
+            )
+        layouts, index, copy_into = self._layouts, self._index, self._files.copy_into
+        counted = 0
+        ndarray = np.ndarray
+        try:
+            for key, out in zip(keys, outs):
+                layout = layouts.get(key) or index.decode_layout(key)
+                if (  # as in read_into
+                    type(out) is ndarray
+                    and layout.readable
+                    and not layout.is_string
+                    and not layout.slices
+                    and out.shape == layout.shape
+                    and out.dtype == layout.dtype
+                    and self._native
+                    and copy_into(layout, out)
+                ):
+                    counted += layout.size
+                else:
+                    self.read_into(key, out)
+        finally:
+            self._count_read(counted)
+
     def read_into(self, key: str, out: np.ndarray) -> None:
         """Copy tensor ``key`` into ``out`` (same shape and dtype) with one copy.
 
@@ -193,6 +242,20 @@ class BundleReader:
             InvalidArgumentError: ``out`` has another shape or dtype, or is read-only.
         """
         layout = self._layouts.get(key) or self._index.decode_layout(key)
+        # The common case first: a whole numeric tensor into an ndarray of its shape and dtype,
+        # copied from a mapped file (copy_into also refuses a read-only ``out``).
+        if (
+            type(out) is np.ndarray
+            and layout.readable
+            and not layout.is_string
+            and not layout.slices
+            and out.shape == layout.shape
+            and out.dtype == layout.dtype
+            and self._native
+            and self._files.copy_into(layout, out)
+        ):
+            self._count_read(layout.size)
+            return
         if not (
             isinstance(out, np.ndarray)
             and out.shape == layout.shape
@@ -275,11 +338,21 @@ class BundleReader:
     @property
     def bytes_read(self) -> int:
         """Bytes read from storage so far: the index and the tensors' stored bytes."""
+        self._fold_reads()
         return self._bytes_read
 
     def _count_read(self, nbytes: int) -> None:
-        with self._count_lock:  # += is not atomic across threads
-            self._bytes_read += nbytes
+        reads = self._reads
+        reads.append(nbytes)
+        if len(reads) >= 4096:
+            self._fold_reads()
+
+    def _fold_reads(self) -> None:
+        with self._count_lock:  # += is not atomic across threads; appends go on meanwhile
+            reads = self._reads
+            count = len(reads)
+            self._bytes_read += sum(reads[:count])
+            del reads[:count]
 
     def stored_bytes(self, key: str) -> int:
         """Bytes ``key`` occupies in the data files (the sum over its slices if sliced)."""
@@ -350,6 +423,7 @@ class BundleReader:
         """
         other = copy.copy(self)
         other._bytes_read = 0
+        other._reads = []
         other._count_lock = threading.Lock()
         other._files = other._data_files()
         return other
