@@ -26,7 +26,7 @@ from trackpoint.checkpoint.load_status import (
     LoadStatus,
 )
 from trackpoint.checkpoint.name_based import restore_name_based
-from trackpoint.checkpoint.restore import CheckpointPosition, RestoreCoordinator
+from trackpoint.checkpoint.restore_reuse import RestoreReuse
 from trackpoint.checkpoint.writer_lock import (
     hold_directory,
     refuse_overwriting_live_writer,
@@ -113,11 +113,13 @@ class Checkpoint(AutoTrackable):
     _self_save_counter: Variable | None
     _self_async: AsyncWriter | None
     _self_history: SaveHistory  # the previous checkpoint, for incremental saves
+    _self_restore_reuse: RestoreReuse  # what the last read lends the next (restore_reuse.py)
 
     def __init__(self, root: Any = None, **children: Any) -> None:
         object.__setattr__(self, "_self_save_counter", None)
         object.__setattr__(self, "_self_async", None)
         object.__setattr__(self, "_self_history", SaveHistory())
+        object.__setattr__(self, "_self_restore_reuse", RestoreReuse())
         attached: list[TrackableReference] | None = None
         trackable_root: Trackable | None = None
         if root is not None:
@@ -164,6 +166,8 @@ class Checkpoint(AutoTrackable):
                 object.__setattr__(copied, name, None)  # threads are not copied
             elif name == "_self_history":
                 object.__setattr__(copied, name, SaveHistory())  # the copy saved nothing yet
+            elif name == "_self_restore_reuse":
+                object.__setattr__(copied, name, RestoreReuse())  # nor read anything
             else:
                 object.__setattr__(copied, name, copy.deepcopy(value, memo))
         return copied
@@ -360,29 +364,23 @@ class Checkpoint(AutoTrackable):
     def _read(self, path: str, options: CheckpointOptions) -> LoadStatus:
         started = time.perf_counter()
         prefix = resolve_prefix(path, storage=options.storage)
+        reuse: RestoreReuse = self._self_restore_reuse
         with CheckpointReader(prefix, storage=options.storage) as reader:
-            proto = reader.object_graph()
+            graph = reuse.load_graph(reader.bundle)
             # Only a progress callback needs the file sizes (a stat per file).
             sizes = reader.bundle.file_sizes() if options.progress is not None else None
-        if proto is None or not proto.nodes:
+        if graph is None or not graph.proto.nodes:
             # No object graph: a TF1 Saver checkpoint, matched to objects by name.
             return restore_name_based(self._self_view, prefix, options, index=reader.bundle)
-        # The parsed index is reused by every read of this load (deferred ones too).
-        coordinator = RestoreCoordinator(proto, prefix, options, index=reader.bundle)
         view: ObjectGraphView = self._self_view
-        root = view.root
-        children = {ref.name: ref.ref for ref in view.list_children(root)}
-        try:
-            CheckpointPosition(coordinator, 0).restore(root, children)
-        except BaseException:
-            coordinator.expect_partial = True  # the error says it all; no "unrestored" warning
-            raise
+        # The parsed index is reused by every read of this load (deferred ones too).
+        coordinator, snapshot = reuse.restore(view, graph, prefix, options, reader.bundle)
         self._self_history.restored(prefix, options.storage)  # incremental saves compare to it
         seconds = time.perf_counter() - started
         metrics.record_duration(metrics.READ_DURATION, seconds)
         if sizes is not None and options.progress is not None:
             options.progress(_restored_event(prefix, seconds, sizes))
-        return CheckpointLoadStatus(coordinator, view, options)
+        return CheckpointLoadStatus(coordinator, view, options, snapshot=snapshot)
 
     def restore(
         self, path: PathLike | None, options: CheckpointOptions | None = None

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from trackpoint._gc import collector_paused
 from trackpoint.graph.keys import SAVE_COUNTER
-from trackpoint.graph.walk import ObjectGraphView, list_objects, node_names, readable_path
+from trackpoint.graph.walk import ObjectGraphView, list_objects, readable_path
 from trackpoint.tracking.base import Trackable, has_values
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
     from trackpoint.checkpoint.restore import RestoreCoordinator
+    from trackpoint.graph.structure import StructureSnapshot
     from trackpoint.saving import CheckpointOptions
 
 __all__ = [
@@ -99,12 +99,16 @@ class CheckpointLoadStatus(LoadStatus):
     """
 
     def __init__(
-        self, coordinator: RestoreCoordinator, view: ObjectGraphView, options: CheckpointOptions
+        self, coordinator: RestoreCoordinator, view: ObjectGraphView, options: CheckpointOptions,
+        *, snapshot: StructureSnapshot | None = None,
     ) -> None:
         self._coordinator = coordinator
         self._view = view
         self._root = view.root
         self._options = options
+        # The program's structure as the read met it: while unchanged, the assertions take the
+        # program's objects from it instead of walking the program again.
+        self._snapshot = snapshot
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -126,18 +130,31 @@ class CheckpointLoadStatus(LoadStatus):
 
     def _unbound_objects_unpaused(self) -> list[Trackable]:
         coordinator = self._coordinator
-        objects = list_objects(self._view, skip_slot_variables=self._options.skip_slot_variables)
-        for obj in objects:
-            coordinator.all_python_objects.add(obj)
-        bound = {id(obj) for obj in coordinator.object_by_proto_id.values()}
-        exempt = self._bookkeeping_objects()
+        met = coordinator.unbound_objects  # reported while they live, as every object met
+        bound: set[int] | None = None
+        # The read bound every object of the structure it recorded: while that structure is
+        # unchanged, only objects met apart from it can be unbound.
+        if self._snapshot is None or self._snapshot.unchanged() is None:
+            objects = list_objects(
+                self._view, skip_slot_variables=self._options.skip_slot_variables
+            )
+            bound = set(map(id, coordinator.object_by_proto_id.values()))
+            for obj in [obj for obj in objects if id(obj) not in bound]:
+                met.add(obj)
+        if not met:
+            return []
+        if bound is None:
+            bound = set(map(id, coordinator.object_by_proto_id.values()))
+        exempt: set[int] | None = None
         seen: set[int] = set()
         unbound = []
-        for obj in coordinator.all_python_objects:
-            if id(obj) in seen or id(obj) in bound or id(obj) in exempt:
+        for obj in met:
+            if id(obj) in seen or id(obj) in bound:
                 continue
             seen.add(id(obj))
-            if has_values(obj) and obj._serialize_to_tensors():
+            if exempt is None:
+                exempt = self._bookkeeping_objects()
+            if id(obj) not in exempt and has_values(obj) and obj._serialize_to_tensors():
                 unbound.append(obj)
         return unbound
 
@@ -155,22 +172,27 @@ class CheckpointLoadStatus(LoadStatus):
         # docstring inherited
         self.assert_existing_objects_matched()
         coordinator = self._coordinator
-        names = _LazyNames(coordinator.proto)
+        names = coordinator.graph.node_names
         skip_slots = self._options.skip_slot_variables
-        for node_id, node in enumerate(coordinator.proto.nodes):
-            if not node.attributes and not node.HasField("registered_saver"):
-                continue
-            if skip_slots and node_id in coordinator.slot_node_ids:
-                continue
-            if coordinator.object_by_proto_id.get(node_id) is None:
-                raise AssertionError(
-                    f"Unresolved object in checkpoint {names[node_id]}: the checkpoint "
-                    f"{coordinator.prefix} has values for it, but no Python object was matched "
-                    f"(create and attach it, or call expect_partial()). Node: {node}"
-                )
+        # Nodes with values and no (live) object.
+        dead = coordinator.object_by_proto_id.dead_keys()
+        matched = coordinator.matched_proto_ids
+        unresolved = coordinator.graph.unmatched(
+            matched.difference(dead) if dead else matched, with_saver=True
+        )
+        if skip_slots:
+            unresolved = [n for n in unresolved if n not in coordinator.slot_node_ids]
+        if unresolved:
+            node_id = unresolved[0]
+            raise AssertionError(
+                f"Unresolved object in checkpoint {names()[node_id]}: the checkpoint "
+                f"{coordinator.prefix} has values for it, but no Python object was matched "
+                "(create and attach it, or call expect_partial()). "
+                f"Node: {coordinator.proto.nodes[node_id]}"
+            )
         if not skip_slots and any(coordinator.slot_restorations.values()):
             pending = [
-                f"{names[var_id]}: {[s.slot_name for s in slots]}"
+                f"{names()[var_id]}: {[s.slot_name for s in slots]}"
                 for var_id, slots in coordinator.slot_restorations.items() if slots
             ]
             raise AssertionError(f"Unresolved slot restorations: {pending}")
@@ -178,7 +200,7 @@ class CheckpointLoadStatus(LoadStatus):
             lines = []
             for node_id, attributes in coordinator.unused_attributes.items():
                 obj = coordinator.object_by_proto_id.get(node_id)
-                lines.append(f"{names[node_id]} ({obj!r}): {attributes}")
+                lines.append(f"{names()[node_id]} ({obj!r}): {attributes}")
             raise AssertionError(
                 "Unused attributes in these objects (the attributes exist in the checkpoint but "
                 "were not restored):\n" + "\n".join(lines)
@@ -188,15 +210,19 @@ class CheckpointLoadStatus(LoadStatus):
     def assert_existing_objects_matched(self) -> Self:
         # docstring inherited
         coordinator = self._coordinator
-        names = _LazyNames(coordinator.proto)
-        for node_id in range(len(coordinator.proto.nodes)):
-            trackable = coordinator.object_by_proto_id.get(node_id)
-            if trackable is not None and trackable._update_uid < coordinator.restore_uid:
-                raise AssertionError(
-                    f"Object {names[node_id]} ({trackable!r}) not assigned a value from "
-                    f"checkpoint {coordinator.prefix}: the checkpoint node has no value this "
-                    f"object accepts. Node: {coordinator.proto.nodes[node_id]}"
-                )
+        # Every other bound node's object got values from this restore (uids only grow).
+        get, uid = coordinator.object_by_proto_id.get, coordinator.restore_uid
+        stale = [
+            node_id for node_id in coordinator.unassigned
+            if (trackable := get(node_id)) is not None and trackable._update_uid < uid
+        ]
+        if stale:
+            node_id = min(stale)
+            raise AssertionError(
+                f"Object {coordinator.node_name(node_id)} ({get(node_id)!r}) not assigned a "
+                f"value from checkpoint {coordinator.prefix}: the checkpoint node has no value "
+                f"this object accepts. Node: {coordinator.proto.nodes[node_id]}"
+            )
         unbound = self._unbound_objects()
         if unbound:
             shown = min(_SHOW_AT_MOST, len(unbound))
@@ -285,18 +311,3 @@ class NameBasedSaverStatus(LoadStatus):
         # docstring inherited
         self._coordinator.expect_partial = True
         return self
-
-
-class _LazyNames:
-    """``node_names(proto)``, computed on first lookup: only a failing assertion needs it."""
-
-    __slots__ = ("_names", "_proto")
-
-    def __init__(self, proto: TrackableObjectGraph) -> None:
-        self._proto = proto
-        self._names: dict[int, str] | None = None
-
-    def __getitem__(self, node_id: int) -> str:
-        if self._names is None:
-            self._names = node_names(self._proto)
-        return self._names[node_id]

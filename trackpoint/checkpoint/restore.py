@@ -2,8 +2,9 @@
 
 One :class:`RestoreCoordinator` per ``read``/``restore`` call. From node 0 and the root object
 it walks the saved graph breadth first and binds each node to the live object reached by the
-same local names (:class:`CheckpointPosition`). The walk only *plans*: it lists every object's
-values (:class:`~trackpoint.saving.restore.RestoreItem`) and records the changes to make —
+same local names. The walk only *plans*: it lists every object's values
+(:class:`~trackpoint.checkpoint.restore_plan.RestorePlan`; plain variables, nearly every node of
+a large model, as parallel lists instead of an object each) and records the changes to make —
 update uids, deferred dependencies, optimizer slots to create. The value phase
 (:func:`~trackpoint.saving.restore.restore_items`) then reads and verifies every value (crc32c,
 shape, dtype, each object's own checks) and only then copies them in; the recorded changes are
@@ -17,6 +18,10 @@ optimizer (F2); a slot the optimizer lacks is created, with its value, in the ap
 Each object records the uid of the restore that last gave it values; an older restore reaching
 it later leaves it alone, so the most recently *requested* restore wins (B4).
 
+The top-level walk of ``Checkpoint.read`` may keep a
+:class:`~trackpoint.checkpoint.restore_plan.WalkRecord`; ``restore_reuse`` turns it into the
+structure snapshot and the template that let the next read of the same graph skip the walk.
+
 The coordinator holds objects weakly and nothing holds the coordinator but its status and the
 pending positions, so dropping them frees it; a ``weakref.finalize`` hook then logs the values
 that were never restored (C4) unless ``expect_partial()`` was called.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import logging
 import weakref
 from collections.abc import Callable, Mapping
@@ -35,28 +41,44 @@ import numpy as np
 
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.bundle.reader import BundleReader
+from trackpoint.checkpoint.restore_plan import RestorePlan, WalkRecord
+from trackpoint.checkpoint.saved_graph import SavedGraph
 from trackpoint.checkpoint.unrestored import WarningState, warn_unrestored
+from trackpoint.checkpoint.value_matching import plan_values
 from trackpoint.checkpoint.weak_objects import IdentityWeakSet, WeakObjects
-from trackpoint.errors import InvalidArgumentError
-from trackpoint.graph.keys import ADVISORY_ATTRIBUTES, escape_local_name
-from trackpoint.graph.walk import node_names
-from trackpoint.saving.devices import DeviceValue
 from trackpoint.saving.options import CheckpointOptions
-from trackpoint.saving.restore import RestoreItem, agreement_pending, restore_items
+from trackpoint.saving.restore import (
+    RestoreItem,
+    VariableBatch,
+    agreement_pending,
+    restore_items,
+)
 from trackpoint.tracking.adapters import to_trackable
-from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, has_values, next_restore_uid
+from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, next_restore_uid
+from trackpoint.tracking.containers import TrackableDataStructure
 from trackpoint.tracking.slots import PendingSlot, SlotOwner
+from trackpoint.tracking.variable import Variable
 
 __all__ = [
     "CheckpointPosition",
     "IdentityWeakSet",
     "RestoreCoordinator",
     "RestoreItem",
+    "RestorePlan",
     "WeakObjects",
     "restore_items",
 ]
 
 logger = logging.getLogger("trackpoint.checkpoint")
+
+# What the walk asks of an object's type, compared once per object instead of called.
+_PLAIN_LOOKUP = Trackable._lookup_dependency
+_CONTAINER_LOOKUP = TrackableDataStructure._lookup_dependency
+_PLAIN_CHILDREN = Trackable._trackable_children
+_NO_CHILDREN: Mapping[str, Trackable] = {}  # shared by every leaf of a WalkRecord (read-only)
+
+_Queue = list[tuple[int, Trackable]]
+"""The walk's queue: ``(node id, bound object)``, iterated while it grows (breadth first)."""
 
 
 class _SlotRestoration(NamedTuple):
@@ -75,7 +97,7 @@ class RestoreCoordinator:
     """The state of one checkpoint load: which node is bound to which object, what is left.
 
     Args:
-        proto: the checkpoint's object graph.
+        graph: the checkpoint's object graph (a bare proto is accepted too).
         prefix: the checkpoint, reopened for every batch of values (no file stays open).
         options: restore options (``skip_slot_variables``).
         shapes: ``{checkpoint key: shape}`` of the checkpoint (None: asked of ``index``).
@@ -86,7 +108,7 @@ class RestoreCoordinator:
 
     def __init__(
         self,
-        proto: TrackableObjectGraph,
+        graph: SavedGraph | TrackableObjectGraph,
         prefix: str,
         options: CheckpointOptions,
         shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -94,7 +116,10 @@ class RestoreCoordinator:
         *,
         index: BundleReader | None = None,
     ) -> None:
-        self.proto = proto
+        if not isinstance(graph, SavedGraph):
+            graph = SavedGraph.from_proto(graph)
+        self.graph = graph
+        self.proto = graph.proto
         self.prefix = prefix
         self.options = options
         self.index = index
@@ -103,27 +128,28 @@ class RestoreCoordinator:
         self.restore_uid = next_restore_uid()
         # Weak: objects with deferred restorations point at positions, which point here.
         self.object_by_proto_id = WeakObjects()
-        self.matched_proto_ids: set[int] = set()
+        self.matched_proto_ids: set[int] = set()  # the keys of object_by_proto_id
         self.unused_attributes: dict[int, list[str]] = {}
-        # Every Python object seen while matching, even if not used (e.g. a second object
-        # where the checkpoint had one shared object): the assertions report them.
-        self.all_python_objects = IdentityWeakSet()
+        # Objects met while matching that no node took (a second object where the checkpoint
+        # had one shared object), and unbound objects the assertions found: they report them.
+        self.unbound_objects = IdentityWeakSet()
+        # Nodes bound by a walk that gave their object no values: the assertions check that a
+        # more recent restore did (every other bound object got values from this one).
+        self.unassigned: list[int] = []
         # variable node id -> slots to restore once the variable is bound; moved to
         # deferred_slot_restorations (by optimizer node id) if the optimizer is missing then.
         self.slot_restorations: dict[int, list[_SlotRestoration]] = collections.defaultdict(list)
         self.deferred_slot_restorations: dict[int, list[_DeferredSlotRestoration]] = {}
         slot_node_ids = set()
-        for node_id, node in enumerate(proto.nodes):
-            for slot in node.slot_variables:
-                slot_node_ids.add(slot.slot_variable_node_id)
-                if not options.skip_slot_variables:
-                    self.slot_restorations[slot.original_variable_node_id].append(
-                        _SlotRestoration(node_id, slot.slot_variable_node_id, slot.slot_name)
-                    )
+        for optimizer_id, variable_id, slot_id, slot_name in graph.slot_variables():
+            slot_node_ids.add(slot_id)
+            if not options.skip_slot_variables:
+                self.slot_restorations[variable_id].append(
+                    _SlotRestoration(optimizer_id, slot_id, slot_name)
+                )
         self.slot_node_ids = frozenset(slot_node_ids)
-        self._names: dict[int, str] | None = None
         self._warning = WarningState(
-            proto,
+            graph,
             self.matched_proto_ids,
             self.unused_attributes,
             self.slot_node_ids if options.skip_slot_variables else frozenset(),
@@ -156,9 +182,7 @@ class RestoreCoordinator:
 
     def node_name(self, node_id: int) -> str:
         """Readable path of a checkpoint node, e.g. ``(root).model.dense.kernel``."""
-        if self._names is None:
-            self._names = node_names(self.proto)
-        return self._names[node_id]
+        return self.graph.node_names()[node_id]
 
     def reader(self) -> BundleReader:
         """A reader of the checkpoint for one batch of values (reuses the parsed index)."""
@@ -166,64 +190,67 @@ class RestoreCoordinator:
             return self.index.reopen()
         return BundleReader(self.prefix, storage=self.options.storage)
 
+    def execute(self, plan: RestorePlan, build: Callable[[], None] | None = None) -> None:
+        """Run ``build`` (which fills ``plan``), read and verify every value, apply, commit.
 
-class _Plan:
-    """What one walk decided: the values to read, and the changes to make once they verify.
+        On any error the plan's bindings are forgotten and no object has changed.
+        """
+        try:
+            if build is not None:
+                build()
+            if plan.targets or plan.items or plan.registered or agreement_pending():
+                self._restore_values(plan)
+        except BaseException:
+            self._rollback(plan)
+            raise
+        self._commit(plan)
 
-    Nothing of the program changes while a plan is built: objects' update uids, deferred
-    dependencies, deferred slots and slots created from the checkpoint are recorded here and
-    made only by :meth:`commit`, after the engine has read, verified and applied every value
-    (trackpoint/saving/restore.py). :meth:`rollback` forgets the walk's node bindings so a
-    later attach can try again.
-    """
+    def _restore_values(self, plan: RestorePlan) -> None:
+        names, nodes = self.node_name, plan.nodes
 
-    __slots__ = (
-        "bound", "deferred", "items", "pending_slots", "planned", "registered", "seen",
-        "slots_taken", "updated",
-    )
+        def label(index: int) -> str:
+            return names(nodes[index])
 
-    def __init__(self) -> None:
-        self.items: list[RestoreItem] = []
-        self.registered: dict[str, dict[str, Trackable]] = {}
-        self.planned: set[int] = set()  # ids of objects given values by this walk
-        self.updated: list[Trackable] = []
-        self.bound: list[int] = []  # proto ids bound by this walk
-        self.seen: list[Trackable] = []  # objects this walk first met
-        self.deferred: list[tuple[Trackable, str, CheckpointPosition]] = []
-        self.pending_slots: list[tuple[CheckpointPosition, PendingSlot]] = []
-        self.slots_taken: list[Callable[[], None]] = []  # deferred-slot bookkeeping to apply
+        with self.reader() as reader:
+            restore_items(
+                plan.items, reader, prefix=self.prefix, registered=plan.registered,
+                progress=self.options.progress,
+                variables=VariableBatch(plan.targets, plan.keys, plan.positions, label),
+            )
 
-    def plan(self, trackable: Trackable) -> bool:
-        """Record that this walk gives ``trackable`` values; False if it already does."""
-        key = id(trackable)
-        if key in self.planned:
-            return False
-        self.planned.add(key)
-        self.updated.append(trackable)
-        return True
-
-    def commit(self, coordinator: RestoreCoordinator) -> None:
-        uid = coordinator.restore_uid
-        for trackable in self.updated:
+    def _commit(self, plan: RestorePlan) -> None:
+        """Make the plan's recorded changes (every value is applied by now)."""
+        uid = self.restore_uid
+        for target in plan.targets:  # exact Variables: the plain attribute, no property
+            target._self_update_uid = uid
+        for trackable in plan.updated:
             trackable._update_uid = uid
-        for position, pending in self.pending_slots:
+        self.unassigned.extend(plan.unassigned)
+        for node_id, pending in plan.pending_slots:
             slot = pending.created
             if slot is not None:
                 slot._update_uid = uid
-                coordinator.object_by_proto_id[position.proto_id] = slot
-                coordinator.all_python_objects.add(slot)
-        for trackable, name, position in self.deferred:
+                self.object_by_proto_id[node_id] = slot
+        for trackable, name, position in plan.deferred:
             trackable._deferred_dependencies.setdefault(name, []).append(position)
-        for action in self.slots_taken:
+        for action in plan.slots_taken:
             action()
 
-    def rollback(self, coordinator: RestoreCoordinator) -> None:
-        bound = coordinator.object_by_proto_id
-        for proto_id in self.bound:
-            bound.forget(proto_id)
-            coordinator.matched_proto_ids.discard(proto_id)
-        for trackable in self.seen:
-            coordinator.all_python_objects.discard(trackable)
+    def _rollback(self, plan: RestorePlan) -> None:
+        """Forget the plan's bindings (a failed restore leaves no trace)."""
+        for node_id in plan.bound:
+            self.object_by_proto_id.forget(node_id)
+            self.matched_proto_ids.discard(node_id)
+        for trackable in plan.seen:
+            self.unbound_objects.discard(trackable)
+
+    def plan_node(
+        self, plan: RestorePlan, node_id: int, node: TrackableObjectGraph.TrackableObject,
+        trackable: Trackable,
+    ) -> bool:
+        """Plan the values of ``trackable`` from node ``node_id``; True if the plan gives it
+        values (False: a newer restore did, or the checkpoint has none it accepts)."""
+        return plan_values(self, plan, node_id, node, trackable)
 
 
 class CheckpointPosition:
@@ -265,14 +292,12 @@ class CheckpointPosition:
             return None
         return self._coordinator.value_spec(attribute.checkpoint_key)
 
-    def bind_object(self, trackable: Trackable, plan: _Plan | None = None) -> bool:
+    def bind_object(self, trackable: Trackable, plan: RestorePlan | None = None) -> bool:
         """Record that ``trackable`` is this node's object; False if the node was bound before.
 
         ``plan`` remembers the binding so that a failed restore can forget it again.
         """
         coordinator = self._coordinator
-        if coordinator.all_python_objects.add(trackable) and plan is not None:
-            plan.seen.append(trackable)
         current = coordinator.object_by_proto_id.get(self._proto_id)
         if current is None:
             coordinator.object_by_proto_id[self._proto_id] = trackable
@@ -281,6 +306,8 @@ class CheckpointPosition:
                 plan.bound.append(self._proto_id)
             return True
         if current is not trackable:
+            if coordinator.unbound_objects.add(trackable) and plan is not None:
+                plan.seen.append(trackable)
             logger.warning(
                 "Inconsistent references when loading %s: the checkpoint object %s is one "
                 "object, but the program has two different objects there (%r and %r); only the "
@@ -302,149 +329,155 @@ class CheckpointPosition:
             children: the object's children if not its own ``_trackable_children()`` (the
                 root of a ``Checkpoint`` with attached dependencies).
         """
-        plan = _Plan()
+        self.walk_and_restore(trackable, children)
+
+    def walk_and_restore(
+        self, trackable: Trackable, children: Mapping[str, Trackable] | None = None,
+        record: WalkRecord | None = None,
+    ) -> RestorePlan | None:
+        """:meth:`restore`, keeping what the walk met in ``record``; the plan carried out, or
+        None if the node was bound before (nothing done)."""
+        plan = RestorePlan()
         if not self.bind_object(trackable, plan):
-            return
-        try:
-            self._restore_descendants(plan, children)
-        except BaseException:
-            plan.rollback(self._coordinator)
-            raise
-        plan.commit(self._coordinator)
+            return None
+        self._coordinator.execute(plan, lambda: self._walk(plan, trackable, children, record))
+        return plan
 
     # -- the walk ----------------------------------------------------------------------------
 
-    def _restore_descendants(
-        self, plan: _Plan, root_children: Mapping[str, Trackable] | None
+    def _walk(
+        self, plan: RestorePlan, trackable: Trackable,
+        root_children: Mapping[str, Trackable] | None, record: WalkRecord | None,
     ) -> None:
+        """Bind and plan every node reachable from this one, breadth first.
+
+        Written for 100,000 nodes: the node of a plain variable is planned inline (the checks
+        of :meth:`RestoreCoordinator.plan_node` for that case), anything else through it.
+        """
         coordinator = self._coordinator
-        # (position, its bound object): carried along instead of looked up again
-        queue: collections.deque[tuple[CheckpointPosition, Trackable]] = collections.deque(
-            [(self, self.trackable)]
-        )
-        first = True
         nodes = coordinator.proto.nodes
-        while queue:
-            position, trackable = queue.popleft()
-            node = nodes[position._proto_id]
-            position._single_restore(plan, node, trackable)
-            children = root_children if first and root_children is not None else None
-            first = False
-            if node.children:  # a leaf of the saved graph: its live children do not matter
-                position._queue_children(plan, queue, children, node, trackable)
-            if coordinator.slot_restorations or coordinator.deferred_slot_restorations:
-                position._queue_slot_variables(plan, queue, trackable)
-        if not plan.items and not plan.registered and not agreement_pending():
-            return
-        with coordinator.reader() as reader:
-            restore_items(
-                plan.items, reader, prefix=coordinator.prefix, registered=plan.registered,
-                progress=coordinator.options.progress,
-            )
-
-    def _label(self) -> str:
-        return self._coordinator.node_name(self._proto_id)
-
-    def _single_restore(
-        self, plan: _Plan, node: TrackableObjectGraph.TrackableObject, trackable: Trackable
-    ) -> None:
-        coordinator = self._coordinator
-        if coordinator.restore_uid <= trackable._update_uid:
-            return  # a more recently requested restore already gave it values
-        if node.HasField("registered_saver") and node.registered_saver.name:
-            saver = node.registered_saver
-            if plan.plan(trackable):
-                plan.registered.setdefault(saver.name, {})[saver.object_name] = trackable
-            return
-        live = trackable._serialize_to_tensors() if has_values(trackable) else {}
-        attributes = node.attributes
-        if len(live) == 1 and len(attributes) == 1:
-            # The common case (a variable): one value, stored under its own escaped name.
-            ((own_name, value),) = live.items()
-            attribute = attributes[0]
-            # ("VARIABLE_VALUE" and most names escape to themselves: skip building the copy)
-            plain = "." not in own_name and "/" not in own_name
-            if attribute.name == (own_name if plain else escape_local_name(own_name)):
-                if plan.plan(trackable):
-                    layouts = {own_name: value} if _has_layout(value) else None
-                    plan.items.append(RestoreItem(
-                        trackable, {own_name: attribute.checkpoint_key}, self._label, layouts
-                    ))  # fmt: skip
-                return
-        if not live:
-            if node.attributes:
-                coordinator.unused_attributes.setdefault(self._proto_id, []).extend(
-                    a.name for a in node.attributes
-                )
-            plan.plan(trackable)
-            return
-        by_escaped = {escape_local_name(name): name for name in live}
-        for name, aliases in trackable._tensor_name_aliases().items():
-            if name in live:
-                for alias in aliases:
-                    by_escaped.setdefault(escape_local_name(alias), name)
-        keys: dict[str, str] = {}
-        present = {attribute.name for attribute in node.attributes}
-        for attribute in node.attributes:
-            matched = by_escaped.get(attribute.name)
-            if matched is not None and attribute.name != escape_local_name(matched) and (
-                escape_local_name(matched) in present
-            ):
-                matched = None  # an old alias next to the current name: the current one wins
-            if matched is None:
-                if attribute.name not in ADVISORY_ATTRIBUTES:
-                    coordinator.unused_attributes.setdefault(self._proto_id, []).append(
-                        attribute.name
+        uid = coordinator.restore_uid
+        planned, unassigned = plan.planned, plan.unassigned
+        add_target, add_key, add_node = plan.targets.append, plan.keys.append, plan.nodes.append
+        # Asked at every node (a nested restore may add deferred slots), of the tables themselves.
+        slot_tables = coordinator.slot_restorations, coordinator.deferred_slot_restorations
+        queue: _Queue = record.queue if record is not None else []
+        queue.append((self._proto_id, trackable))
+        plain_variables = Variable._trackable_children is _PLAIN_CHILDREN
+        for index, (node_id, trackable) in enumerate(queue):
+            node = nodes[node_id]
+            general = True
+            if type(trackable) is Variable:
+                attributes = node.attributes
+                if len(attributes) == 1:
+                    attribute = attributes[0]
+                    general = attribute.name != VARIABLE_VALUE_KEY or node.HasField(
+                        "registered_saver"
                     )
-                continue
-            keys[matched] = attribute.checkpoint_key
-        if not keys:
-            return  # nothing of this object is in the checkpoint: it stays unmatched
-        missing = sorted(set(live) - set(keys) - trackable._optional_tensor_names())
-        if missing:
-            raise InvalidArgumentError(
-                f"Could not restore object {self._label()} ({type(trackable).__name__}): not "
-                f"all of its values are in the checkpoint {coordinator.prefix}. Expected "
-                f"{sorted(live)}, the checkpoint has {sorted(a.name for a in node.attributes)}. "
-                "Nothing was restored.",
-                path=coordinator.prefix,
-            )
-        if plan.plan(trackable):
-            layouts = {name: live[name] for name in keys if _has_layout(live[name])}
-            plan.items.append(RestoreItem(trackable, keys, self._label, layouts or None))
+            if not general:
+                key = id(trackable)
+                if uid > trackable._self_update_uid and key not in planned:
+                    planned.add(key)
+                    add_target(trackable)  # type: ignore[arg-type]  # a Variable
+                    add_key(attribute.checkpoint_key)
+                    add_node(node_id)
+                    if record is not None:
+                        record.target_index.append(index)
+                else:  # given values by a newer restore, or reached a second time
+                    if uid <= trackable._self_update_uid:
+                        unassigned.append(node_id)
+                    if record is not None:
+                        record.fail()
+            else:
+                if record is not None:
+                    record.general.append((index, len(plan.targets)))
+                    if isinstance(trackable, SlotOwner):
+                        record.fail()  # its slots are not part of the structure recorded
+                if not plan_values(coordinator, plan, node_id, node, trackable):
+                    unassigned.append(node_id)
+            node_children = node.children
+            if node_children:
+                if index == 0 and root_children is not None:
+                    children = root_children
+                else:
+                    children = _children_of(trackable, record)
+                self._queue_children(plan, queue, index, trackable, node_children, children, record)
+            elif record is not None:
+                if index == 0:
+                    leaf = not root_children
+                elif not general and plain_variables:  # most objects: answered without a call
+                    leaf = not getattr(trackable, "_self_dependencies", None)
+                else:
+                    leaf = _is_leaf(trackable)
+                if not leaf:
+                    record.fail()  # the program's object has children the checkpoint's lacks
+                record.children.append(_NO_CHILDREN)
+            if slot_tables[0] or slot_tables[1]:
+                if record is not None:
+                    record.fail()
+                self._queue_slot_variables(plan, queue, node_id, trackable)
 
     def _queue_children(
-        self, plan: _Plan, queue: collections.deque[tuple[CheckpointPosition, Trackable]],
-        children: Mapping[str, Trackable] | None,
-        node: TrackableObjectGraph.TrackableObject, trackable: Trackable,
+        self, plan: RestorePlan, queue: _Queue, index: int, trackable: Trackable,
+        node_children: Any, children: Mapping[str, Trackable], record: WalkRecord | None,
     ) -> None:
-        node_children = node.children
+        """Bind each saved child of ``trackable`` (queue entry ``index``) that exists."""
         coordinator = self._coordinator
-        if children is None:
-            children = _children_of(trackable)
-        bound = coordinator.object_by_proto_id
+        refs = coordinator.object_by_proto_id.refs
+        nodes = coordinator.proto.nodes
+        get, held_ref, new_ref = children.get, refs.get, weakref.ref
+        add_matched, add_bound, add_queued = (
+            coordinator.matched_proto_ids.add, plan.bound.append, queue.append
+        )
+        lookup = type(trackable)._lookup_dependency
+        direct = lookup is _PLAIN_LOOKUP or lookup is _CONTAINER_LOOKUP  # children.get(name)
+        fallback = lookup is not _PLAIN_LOOKUP  # and else, or if None, the object's own lookup
+        found: list[str] = []  # names of live children met, in the checkpoint's order
+        add_found = found.append if record is not None else None
         for child in node_children:
-            node_id = child.node_id
-            if node_id in bound:
+            child_id = child.node_id
+            name = child.local_name
+            ref = held_ref(child_id)
+            if ref is not None and (held := ref()) is not None:
+                # Bound before: an object the checkpoint shares.
+                if add_found is not None:
+                    if get(name) is not held:
+                        record.fail()  # type: ignore[union-attr]  # add_found: a record
+                    add_found(name)
                 continue
-            position = CheckpointPosition(coordinator, node_id)
-            local = trackable._lookup_dependency(child.local_name, children)
+            local = get(name) if direct else None
+            if local is None and fallback:
+                local = trackable._lookup_dependency(name, children)
+                if record is not None and local is not get(name):
+                    record.fail()  # the object's own lookup finds what its children lack
             if local is None:
-                if _has_checkpoint_values(position.node):
-                    plan.deferred.append((trackable, child.local_name, position))
-            elif position.bind_object(local, plan):
-                queue.append((position, local))
+                if _has_checkpoint_values(nodes[child_id]):
+                    position = CheckpointPosition(coordinator, child_id)
+                    plan.deferred.append((trackable, name, position))
+                    if record is not None:
+                        record.deferred.append((index, name, child_id))
+                continue
+            refs[child_id] = new_ref(local)
+            add_matched(child_id)
+            add_bound(child_id)
+            add_queued((child_id, local))
+            if add_found is not None:
+                add_found(name)
+        if record is not None:
+            if found != list(children):
+                record.fail()  # live children without a node, or in another order
+            # Each found child is children[name]: the dict is the object's child list.
+            record.children.append(children)
 
     def _queue_slot_variables(
-        self, plan: _Plan, queue: collections.deque[tuple[CheckpointPosition, Trackable]],
-        trackable: Trackable,
+        self, plan: RestorePlan, queue: _Queue, node_id: int, trackable: Trackable
     ) -> None:
         coordinator = self._coordinator
         # This node is an optimizer whose variables were bound before it existed.
-        waiting = coordinator.deferred_slot_restorations.get(self._proto_id, ())
+        waiting = coordinator.deferred_slot_restorations.get(node_id, ())
         if waiting:
             plan.slots_taken.append(
-                functools.partial(_forget, coordinator.deferred_slot_restorations, self._proto_id)
+                functools.partial(_forget, coordinator.deferred_slot_restorations, node_id)
             )
         for deferred in waiting:
             variable = deferred.original_variable()
@@ -454,10 +487,10 @@ class CheckpointPosition:
                     deferred.slot_name,
                 )
         # This node is a variable with slots.
-        slots = coordinator.slot_restorations.get(self._proto_id, ())
+        slots = coordinator.slot_restorations.get(node_id, ())
         if slots:
             plan.slots_taken.append(
-                functools.partial(_forget, coordinator.slot_restorations, self._proto_id)
+                functools.partial(_forget, coordinator.slot_restorations, node_id)
             )
         for slot in slots:
             optimizer = coordinator.object_by_proto_id.get(slot.optimizer_id)
@@ -474,8 +507,8 @@ class CheckpointPosition:
                 )
 
     def _create_slot_position(
-        self, plan: _Plan, queue: collections.deque[tuple[CheckpointPosition, Trackable]],
-        optimizer: Trackable, variable: Trackable, slot_variable_id: int, slot_name: str,
+        self, plan: RestorePlan, queue: _Queue, optimizer: Trackable, variable: Trackable,
+        slot_variable_id: int, slot_name: str,
     ) -> None:
         if not isinstance(optimizer, SlotOwner):
             return
@@ -487,9 +520,9 @@ class CheckpointPosition:
             ))  # fmt: skip
             return
         if isinstance(slot, PendingSlot):
-            plan.pending_slots.append((position, slot))
+            plan.pending_slots.append((slot_variable_id, slot))
         if position.bind_object(slot, plan):
-            queue.append((position, slot))
+            queue.append((slot_variable_id, slot))
 
 
 def _forget(table: dict[int, Any], key: int) -> None:
@@ -502,18 +535,32 @@ def _defer_slot(
     coordinator.deferred_slot_restorations.setdefault(optimizer_id, []).append(restoration)
 
 
-def _has_layout(value: Any) -> bool:
-    """Whether a live value's layout matters to reading it (slices, devices)."""
-    return type(value) is not np.ndarray and isinstance(value, (Mapping, DeviceValue))
+def _children_of(trackable: Trackable, record: WalkRecord | None) -> dict[str, Trackable]:
+    """``trackable``'s children as trackables (adapters for adapted values).
+
+    A child that is not trackable is left out (a walk of the program's graph would raise on
+    it: ``record`` fails).
+    """
+    children = trackable._trackable_children()
+    if all(map(isinstance, children.values(), itertools.repeat(Trackable))):
+        return dict(children)  # the usual case: already trackables
+    converted = {}
+    for name, child in children.items():
+        trackable_child = to_trackable(child)
+        if trackable_child is not None:
+            converted[name] = trackable_child
+        elif record is not None:
+            record.fail()
+    return converted
 
 
-def _children_of(trackable: Trackable) -> dict[str, Trackable]:
-    children = {}
-    for name, child in trackable._trackable_children().items():
-        converted = to_trackable(child)
-        if converted is not None:
-            children[name] = converted
-    return children
+def _is_leaf(trackable: Trackable) -> bool:
+    """Whether ``trackable`` has no children (asked without a call for most objects)."""
+    if type(trackable)._trackable_children is _PLAIN_CHILDREN and not getattr(
+        trackable, "_self_dependencies", None
+    ):
+        return True
+    return not trackable._trackable_children()
 
 
 def _has_checkpoint_values(node: TrackableObjectGraph.TrackableObject) -> bool:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
-from trackpoint.graph.walk import node_names
+from trackpoint.checkpoint.saved_graph import SavedGraph
 
 __all__ = ["WarningState", "warn_unrestored"]
 
@@ -22,7 +21,7 @@ logger = logging.getLogger("trackpoint.checkpoint")
 class WarningState:
     """What the C4 warning needs, kept apart from the coordinator so the finalizer can hold it."""
 
-    proto: TrackableObjectGraph
+    graph: SavedGraph
     matched_proto_ids: set[int]
     unused_attributes: dict[int, list[str]]
     ignored_node_ids: frozenset[int]
@@ -36,15 +35,12 @@ def warn_unrestored(state: WarningState) -> None:
     if state.expect_partial:
         return
     unmatched = [
-        node_id
-        for node_id, node in enumerate(state.proto.nodes)
-        if node_id not in state.matched_proto_ids
-        and node_id not in state.ignored_node_ids
-        and node.attributes
+        node_id for node_id in state.graph.unmatched(state.matched_proto_ids, with_saver=False)
+        if node_id not in state.ignored_node_ids
     ]
     if not unmatched and not state.unused_attributes:
         return
-    names = node_names(state.proto)
+    names = state.graph.node_names()
     lines = [
         f"Value in checkpoint could not be found in the restored object: {names[node_id]}"
         for node_id in unmatched

@@ -7,7 +7,7 @@ status or a deferred restoration still exists), so the coordinator keeps them in
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 __all__ = ["IdentityWeakSet", "WeakObjects"]
@@ -33,6 +33,9 @@ class IdentityWeakSet:
         ref = self._refs.get(id(obj))
         if ref is not None and ref() is obj:
             del self._refs[id(obj)]
+
+    def __bool__(self) -> bool:
+        return any(ref() is not None for ref in self._refs.values())
 
     def __iter__(self) -> Iterator[Any]:
         for ref in list(self._refs.values()):
@@ -72,6 +75,20 @@ class WeakObjects:
     def forget(self, key: int) -> None:
         """Remove ``key`` (no-op if absent)."""
         self._refs.pop(key, None)
+
+    @property
+    def refs(self) -> dict[int, weakref.ref[Any]]:
+        """The ``{key: weakref}`` table itself, for loops over every node of a load (a method
+        call per lookup would cost as much as the lookup). A dead reference reads as absent."""
+        return self._refs
+
+    def bind_many(self, keys: Iterable[int], objects: Iterable[Any]) -> None:
+        """``self[key] = obj`` for each pair, at C speed (a reused restore binds every node)."""
+        self._refs.update(zip(keys, map(weakref.ref, objects)))
+
+    def dead_keys(self) -> list[int]:
+        """Keys whose object was collected (they read as absent)."""
+        return [key for key, ref in self._refs.items() if ref() is None]
 
     def __contains__(self, key: object) -> bool:
         ref = self._refs.get(key)  # type: ignore[call-overload]

@@ -5,7 +5,9 @@ Every restore ends here — ``Checkpoint.read``/``restore`` (through the planner
 restores, ``tp.jax.restore``, the distributed layer and :meth:`MultiDeviceSaver.restore` —
 so one set of rules holds for all of them:
 
-1. every key the items need is looked up first (a missing key fails before anything is read);
+1. every key the items need is looked up (a missing key fails, naming its object, before any
+   object changes — and whatever else failed; for a :class:`VariableBatch` of 100,000 keys
+   the lookup runs only once a read has failed, since an absent key fails every read);
 2. every value is read and its crc32c verified (:meth:`BundleReader.read_many`, slices with
    :meth:`BundleReader.read_slice`); arrays are zero-copy views of the mapped files, so
    verifying first holds no second copy of the state;
@@ -29,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,11 +45,13 @@ from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundErr
 from trackpoint.saving.devices import DeviceValue
 from trackpoint.saving.progress import ProgressEvent, ReadProgress
 from trackpoint.saving.registration import get_registered_saver, objects_to_restore
-from trackpoint.tracking.base import Trackable
+from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
+from trackpoint.tracking.variable import Variable, prepare_variable_restores
 
 __all__ = [
     "RestoreAgreement",
     "RestoreItem",
+    "VariableBatch",
     "agreement_pending",
     "restore_agreement",
     "restore_items",
@@ -129,6 +134,68 @@ class RestoreItem(NamedTuple):
     partitioned value (each box is read as a slice). None: every value is read whole."""
 
 
+class VariableBatch(NamedTuple):
+    """Plain variables each restored whole from one checkpoint key, among a list of items.
+
+    Most values of a large model: kept as parallel lists instead of one :class:`RestoreItem`
+    each, and checked in one loop (``prepare_variable_restores``), so a restore of 100,000 of
+    them builds no object per value. Values are read, checked and applied in walk order: the
+    variables before ``items[j]`` are ``variables[:positions[j]]``.
+    """
+
+    variables: Sequence[Variable]
+    """Variables of exactly ``tp.Variable``'s class (a subclass may check more)."""
+    keys: Sequence[str]
+    """The checkpoint key of each variable's value."""
+    positions: Sequence[int]
+    """``positions[j]``: how many variables come before ``items[j]`` in walk order."""
+    label: Callable[[int], str]
+    """Readable path of ``variables[i]``, for messages (called only on error)."""
+
+
+def _segments(
+    items: Sequence[RestoreItem], batch: VariableBatch
+) -> Iterator[tuple[int, int, RestoreItem | None]]:
+    """``(start, stop, item)``: the variables ``[start:stop]``, then ``item``, in walk order."""
+    start = 0
+    for item, position in zip(items, batch.positions):
+        yield start, position, item
+        start = position
+    yield start, len(batch.variables), None
+
+
+def _as_items(items: Sequence[RestoreItem], batch: VariableBatch) -> list[RestoreItem]:
+    """Every variable of ``batch`` as a :class:`RestoreItem`, among ``items`` in walk order."""
+    merged: list[RestoreItem] = []
+    for start, stop, item in _segments(items, batch):
+        merged.extend(_variable_item(batch, i) for i in range(start, stop))
+        if item is not None:
+            merged.append(item)
+    return merged
+
+
+def _raise_missing(
+    items: Sequence[RestoreItem], batch: VariableBatch, reader: BundleReader, prefix: str
+) -> None:
+    """Raise NotFoundError for the first key, in walk order, the checkpoint lacks (if any)."""
+    has_tensor = reader.has_tensor
+    for start, stop, item in _segments(items, batch):
+        for index in range(start, stop):
+            if not has_tensor(batch.keys[index]):
+                raise _missing(_variable_item(batch, index), batch.keys[index], prefix)
+        for key in item.keys.values() if item is not None else ():
+            if not has_tensor(key):
+                assert item is not None
+                raise _missing(item, key, prefix)
+
+
+def _variable_item(batch: VariableBatch, index: int) -> RestoreItem:
+    return RestoreItem(
+        batch.variables[index], {VARIABLE_VALUE_KEY: batch.keys[index]},
+        functools.partial(batch.label, index),
+    )
+
+
 def _label(item: RestoreItem) -> str:
     return item.label if isinstance(item.label, str) else item.label()
 
@@ -185,20 +252,43 @@ class _Values:
 
     def __init__(
         self, items: Sequence[RestoreItem], reader: BundleReader, prefix: str,
-        progress: Callable[[ProgressEvent], None] | None,
+        progress: Callable[[ProgressEvent], None] | None, batch: VariableBatch | None = None,
     ) -> None:
         whole: list[str] = []
         sliced: list[tuple[str, str]] = []
-        has_tensor = reader.has_tensor
-        for item in items:
+        # Every key is looked up before anything is read. With a batch (100,000 keys, no
+        # progress) only after a read failed: an absent key fails every read, so the error is
+        # the same, and a restore that succeeds asks no key twice.
+        has_tensor = reader.has_tensor if batch is None else None
+        segments = (
+            _segments(items, batch) if batch is not None else ((0, 0, item) for item in items)
+        )
+        for start, stop, maybe_item in segments:
+            if start != stop:
+                assert batch is not None and progress is None  # restore_items sees to it
+                whole.extend(batch.keys[start:stop])
+            if maybe_item is None:
+                continue
+            item = maybe_item
             for name, key in item.keys.items():
-                if not has_tensor(key):
+                if has_tensor is not None and not has_tensor(key):
                     raise _missing(item, key, prefix)
                 specs = _slice_specs(item, name)
                 if specs is None:
                     whole.append(key)
                 else:
                     sliced.extend((key, spec) for spec in specs)
+        try:
+            self._read(reader, whole, sliced, progress)
+        except Exception:
+            if batch is not None:
+                _raise_missing(items, batch, reader, prefix)
+            raise
+
+    def _read(
+        self, reader: BundleReader, whole: list[str], sliced: list[tuple[str, str]],
+        progress: Callable[[ProgressEvent], None] | None,
+    ) -> None:
         reporter = None
         if progress is not None:
             total = sum(_nbytes(reader, key, None) for key in whole)
@@ -220,6 +310,10 @@ class _Values:
                 reporter.advance(array.nbytes)
             slices.append(array)
         self._slices = iter(slices)
+
+    def take(self, count: int) -> list[np.ndarray]:
+        """The next ``count`` whole values (a segment of a :class:`VariableBatch`)."""
+        return list(itertools.islice(self._whole, count))
 
     def of(self, item: RestoreItem) -> dict[str, Any]:
         """``{own name: array or {slice spec: array}}`` of ``item`` (items in reading order)."""
@@ -244,13 +338,37 @@ def _prepare(item: RestoreItem, values: Mapping[str, Any], prefix: str) -> Calla
             return functools.partial(trackable._restore_from_tensors, values)
         return prepare(values)  # type: ignore[no-any-return]
     except InvalidArgumentError as exc:
-        keys = sorted(item.keys.values())
-        raise InvalidArgumentError(
-            f"{exc.message} (object {_label(item)}, checkpoint key {', '.join(keys)} in "
-            f"{prefix}). Nothing was restored.",
-            path=prefix,
-            key=keys[0] if keys else None,
-        ) from exc
+        raise _does_not_fit(exc, item, prefix) from exc
+
+
+def _does_not_fit(exc: InvalidArgumentError, item: RestoreItem, prefix: str) -> CheckpointError:
+    """``exc`` (a value does not fit ``item``'s object) naming the object and its keys."""
+    keys = sorted(item.keys.values())
+    return InvalidArgumentError(
+        f"{exc.message} (object {_label(item)}, checkpoint key {', '.join(keys)} in "
+        f"{prefix}). Nothing was restored.",
+        path=prefix,
+        key=keys[0] if keys else None,
+    )
+
+
+def _prepare_batch(
+    items: Sequence[RestoreItem], batch: VariableBatch, values: _Values, prefix: str
+) -> list[Callable[[], None]]:
+    """The apply steps of ``batch`` and ``items``, every value checked, in walk order."""
+    applies: list[Callable[[], None]] = []
+    variables = batch.variables
+    for start, stop, item in _segments(items, batch):
+        if start != stop:
+
+            def fail(index: int, exc: InvalidArgumentError, start: int = start) -> BaseException:
+                return _does_not_fit(exc, _variable_item(batch, start + index), prefix)
+
+            arrays = values.take(stop - start)
+            applies.append(prepare_variable_restores(variables[start:stop], arrays, fail))
+        if item is not None:
+            applies.append(_prepare(item, values.of(item), prefix))
+    return applies
 
 
 def _run_registered_savers(
@@ -278,6 +396,7 @@ def restore_items(
     prefix: str | None = None,
     registered: Mapping[str, Mapping[str, Trackable]] | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
+    variables: VariableBatch | None = None,
 ) -> None:
     """Read and verify every value of ``items``, then apply them all (see the module docstring).
 
@@ -288,6 +407,7 @@ def restore_items(
         prefix: the checkpoint's name in messages (default: the reader's prefix).
         registered: objects of registered savers, ``{saver name: {object name: trackable}}``.
         progress: a callback receiving ``"read"`` events as values are read.
+        variables: plain variables restored with ``items``, in the walk order it records.
 
     Raises:
         NotFoundError: a key is missing (nothing changed).
@@ -298,9 +418,14 @@ def restore_items(
     """
     name = prefix if prefix is not None else reader.prefix
     agreement = _agreement.get()
+    if variables is not None and (progress is not None or not variables.variables):
+        items, variables = _as_items(items, variables), None  # read value by value
     try:
-        values = _Values(items, reader, name, progress)
-        applies = [_prepare(item, values.of(item), name) for item in items]
+        values = _Values(items, reader, name, progress, variables)
+        if variables is None:
+            applies = [_prepare(item, values.of(item), name) for item in items]
+        else:
+            applies = _prepare_batch(items, variables, values, name)
     except BaseException as exc:
         if agreement is not None:
             agreement.vote(exc)

@@ -12,7 +12,7 @@ from strings holds an object array of ``bytes``; restores never cut a string.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from trackpoint.tracking.string_values import (
     to_bytes_array,
 )
 
-__all__ = ["Variable", "check_restorable"]
+__all__ = ["Variable", "check_restorable", "prepare_variable_restores"]
 
 _DEFAULT_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
 
@@ -213,6 +213,64 @@ class Variable(Trackable):
         ):
             saved = check_restorable(value, saved, what=f"variable {self._name!r}")
         return functools.partial(np.copyto, value, saved, casting="no")
+
+
+def prepare_variable_restores(
+    variables: Sequence[Variable],
+    saved_values: Sequence[Any],
+    on_error: Callable[[int, InvalidArgumentError], BaseException],
+) -> Callable[[], None]:
+    """``Variable._prepare_restore`` of many variables at once, each restored whole.
+
+    The restore engine's bulk path (a model of 100,000 variables): the usual case, an array of
+    the variable's shape and dtype, is checked here as ``_prepare_restore`` checks it, without a
+    call or a step object per variable; any other value goes through ``_prepare_restore``.
+
+    Args:
+        variables: variables of exactly this class (a subclass may check more).
+        saved_values: the value of each, from the checkpoint.
+        on_error: makes the error to raise from the index of a variable whose value does not
+            fit and the error ``_prepare_restore`` raised for it.
+
+    Returns:
+        The step that copies every value in, in order.
+    """
+    saved_list = list(saved_values)
+    targets: list[np.ndarray] = []
+    add_target = targets.append
+    others: dict[int, Callable[[], None]] = {}  # index -> _prepare_restore's step
+    ndarray = np.ndarray
+    for index, (variable, saved) in enumerate(zip(variables, saved_list)):
+        value = variable._value
+        add_target(value)
+        if (  # _prepare_restore's test for the usual case
+            type(saved) is ndarray
+            and saved.shape == value.shape
+            and saved.dtype == value.dtype
+            and not value.dtype.hasobject
+            and value.flags.writeable
+        ):
+            continue
+        try:
+            others[index] = variable._prepare_restore({VARIABLE_VALUE_KEY: saved})
+        except InvalidArgumentError as exc:
+            raise on_error(index, exc) from exc
+
+    def apply() -> None:
+        # Same shape and dtype: `target[...] = saved` is np.copyto(target, saved,
+        # casting="no"), at a fraction of the call's cost.
+        if not others:
+            for target, saved in zip(targets, saved_list):
+                target[...] = saved
+            return
+        for index, (target, saved) in enumerate(zip(targets, saved_list)):
+            step = others.get(index)
+            if step is None:
+                target[...] = saved
+            else:
+                step()
+
+    return apply
 
 
 register_adapter(np.ndarray, Variable.wrap)

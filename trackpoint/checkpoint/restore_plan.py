@@ -1,0 +1,111 @@
+"""What one walk of the restore engine decides, and what a top-level walk records for reuse.
+
+A :class:`RestorePlan` lists the values to read and the changes to make once every value is
+verified (``checkpoint/restore.py`` walks, ``saving/restore.py`` reads, verifies and applies).
+Plain variables restored whole — nearly every node of a large model — are kept as parallel
+lists instead of one :class:`~trackpoint.saving.restore.RestoreItem` each: a restore of 100,000
+of them then builds no object per value.
+
+A :class:`WalkRecord` is kept by the top-level walk of ``Checkpoint.read`` when the walk met
+exactly the structure a walk of the program's object graph would meet (every live child matched
+to a checkpoint node, in order; see ``restore_reuse``): it becomes the structure snapshot that
+lets the load status skip walking the program again, and the template the next read of the same
+graph replays instead of walking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from trackpoint.tracking.base import DeferredRestoration, Trackable
+
+if TYPE_CHECKING:
+    from trackpoint.saving.restore import RestoreItem
+    from trackpoint.tracking.slots import PendingSlot
+    from trackpoint.tracking.variable import Variable
+
+__all__ = ["RestorePlan", "WalkRecord"]
+
+
+class RestorePlan:
+    """What one walk decided: the values to read, and the changes to make once they verify.
+
+    Nothing of the program changes while a plan is built: objects' update uids, deferred
+    dependencies, deferred slots and slots created from the checkpoint are recorded here and
+    made only by the coordinator's commit, after the engine has read, verified and applied
+    every value; a failed restore instead forgets the walk's node bindings
+    (``RestoreCoordinator.execute``).
+    """
+
+    __slots__ = (
+        "bound",
+        "deferred",
+        "items",
+        "keys",
+        "nodes",
+        "pending_slots",
+        "planned",
+        "positions",
+        "registered",
+        "seen",
+        "slots_taken",
+        "targets",
+        "unassigned",
+        "updated",
+    )
+
+    def __init__(self) -> None:
+        self.targets: list[Variable] = []  # plain variables restored whole, in walk order
+        self.keys: list[str] = []  # checkpoint key of targets[i]
+        self.nodes: list[int] = []  # node id of targets[i] (for messages)
+        self.items: list[RestoreItem] = []  # every other object with values, in walk order
+        self.positions: list[int] = []  # len(targets) when items[j] was planned
+        self.registered: dict[str, dict[str, Trackable]] = {}
+        self.planned: set[int] = set()  # ids of objects given values by this walk
+        self.updated: list[Trackable] = []  # those of them that are not targets
+        self.unassigned: list[int] = []  # nodes bound by this walk that it gave no values
+        self.bound: list[int] = []  # node ids bound by this walk
+        self.seen: list[Trackable] = []  # objects first met, and left unbound, by this walk
+        self.deferred: list[tuple[Trackable, str, DeferredRestoration]] = []
+        self.pending_slots: list[tuple[int, PendingSlot]] = []  # (slot's node id, placeholder)
+        self.slots_taken: list[Callable[[], None]] = []  # deferred-slot bookkeeping to apply
+
+    def plan(self, trackable: Trackable) -> bool:
+        """Record that this walk gives ``trackable`` values; False if it already does."""
+        key = id(trackable)
+        if key in self.planned:
+            return False
+        self.planned.add(key)
+        self.updated.append(trackable)
+        return True
+
+    def add_item(self, item: RestoreItem) -> None:
+        """Read ``item``'s values (after the targets planned so far, as the walk met them)."""
+        self.items.append(item)
+        self.positions.append(len(self.targets))
+
+
+class WalkRecord:
+    """What a top-level walk met, kept while it met exactly the program's object graph.
+
+    ``queue[i]`` is ``(node id, object)`` in walk order, which is then the node order a walk of
+    the program's graph gives (``ObjectGraphView``); ``children[i]`` the object's live children
+    (each bound to the node of its name: the walk checked it).
+    """
+
+    __slots__ = ("children", "deferred", "failed", "general", "queue", "target_index")
+
+    def __init__(self, queue: list[tuple[int, Trackable]]) -> None:
+        self.queue = queue
+        self.children: list[Mapping[str, Trackable]] = []  # of queue[i], by local name
+        self.target_index: list[int] = []  # queue index of plan.targets[k]
+        # (queue index, len(plan.targets) then) of every object planned another way: the
+        # replay plans it again, so what it holds now (plain values) is read now
+        self.general: list[tuple[int, int]] = []
+        self.deferred: list[tuple[int, str, int]] = []  # (parent's queue index, name, node)
+        self.failed = False
+
+    def fail(self, *_: Any) -> None:
+        """The walk met something a walk of the program's graph would not: keep nothing."""
+        self.failed = True

@@ -1,0 +1,167 @@
+"""Reading one checkpoint graph again and again: reuse the walk while nothing changed.
+
+A training loop (or an evaluation job polling for new checkpoints) reads checkpoints of one
+program into one ``Checkpoint``. The restore walk — binding 100,000 nodes to 100,000 objects by
+local name — gives the same result every time unless the checkpoint's object graph or the
+program's structure changed, so each ``Checkpoint`` keeps a :class:`RestoreReuse`:
+
+- the object graph of its last read (:class:`~trackpoint.checkpoint.saved_graph.SavedGraph`),
+  reused when the next checkpoint's graph has the same bytes;
+- after a read whose walk met exactly the program's object graph (every live child bound to the
+  checkpoint node of its name, in order; no slot variables, registered savers or objects the
+  checkpoint shares differently), a
+  :class:`~trackpoint.graph.structure.StructureSnapshot` of that structure and a
+  :class:`RestoreTemplate` of the walk's result.
+
+The next read replays the template instead of walking when, and only when, the graph is the
+same (equal bytes) and the snapshot says the structure is unchanged (every object alive, same
+children by name and identity, leaves still leaves). Everything the walk derives from those two
+is then the same: which node is bound to which object, the checkpoint key of every plain
+variable, the nodes left for deferred restoration. What may differ between two reads of one
+structure is asked again: values are read and verified anew, and every object that is not a
+plain variable is planned again (a container's plain values may have changed). A different
+graph, a changed structure or a failed read drops the template; the next read walks.
+
+The snapshot also serves the load status: ``assert_*`` methods that would walk the program
+again ask the snapshot instead, and walk only if the structure changed since the read.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, NamedTuple
+
+from trackpoint.checkpoint.restore import CheckpointPosition, RestoreCoordinator
+from trackpoint.checkpoint.restore_plan import RestorePlan, WalkRecord
+from trackpoint.checkpoint.saved_graph import SavedGraph
+from trackpoint.graph.structure import StructureSnapshot
+from trackpoint.tracking.base import TrackableReference
+
+if TYPE_CHECKING:
+    from trackpoint.bundle.reader import BundleReader
+    from trackpoint.graph.walk import ObjectGraphView
+    from trackpoint.saving.options import CheckpointOptions
+    from trackpoint.tracking.base import Trackable
+
+__all__ = ["RestoreReuse", "RestoreTemplate"]
+
+_NONE: list[TrackableReference] = []  # the children of every leaf (read-only)
+
+
+class RestoreTemplate:
+    """The result of one top-level walk, by position in the snapshot's node order.
+
+    ``node_ids[i]`` is the checkpoint node bound to the snapshot's object ``i``.
+    """
+
+    __slots__ = ("deferred", "general", "keys", "node_ids", "target_index", "target_nodes")
+
+    def __init__(self, record: WalkRecord, plan: RestorePlan) -> None:
+        self.node_ids = [node_id for node_id, _ in record.queue]
+        self.target_index = record.target_index  # object index of each plain variable
+        self.keys = plan.keys  # its checkpoint key
+        self.target_nodes = plan.nodes  # its node
+        self.general = record.general  # (object index, variables before it): planned anew
+        self.deferred = record.deferred  # (parent's object index, local name, node id)
+
+    def replay(
+        self, coordinator: RestoreCoordinator, objects: list[Trackable], plan: RestorePlan
+    ) -> None:
+        """Fill ``plan`` and bind ``coordinator``'s nodes as the walk did, for ``objects``."""
+        node_ids = self.node_ids
+        coordinator.object_by_proto_id.bind_many(node_ids, objects)
+        coordinator.matched_proto_ids.update(node_ids)
+        plan.bound.extend(node_ids)  # first: a failure below forgets every binding
+        targets = list(map(objects.__getitem__, self.target_index))
+        nodes = coordinator.proto.nodes
+        start = 0
+        for index, position in self.general:
+            plan.targets.extend(targets[start:position])  # type: ignore[arg-type]
+            start = position
+            node_id = node_ids[index]
+            if not coordinator.plan_node(plan, node_id, nodes[node_id], objects[index]):
+                plan.unassigned.append(node_id)
+        plan.targets.extend(targets[start:])  # type: ignore[arg-type]
+        plan.keys.extend(self.keys)
+        plan.nodes.extend(self.target_nodes)
+        for parent, name, node_id in self.deferred:
+            plan.deferred.append((objects[parent], name, CheckpointPosition(coordinator, node_id)))
+
+
+class _Kept(NamedTuple):
+    """One read's reusable result (kept as one value: a concurrent read sees all or none)."""
+
+    graph: SavedGraph
+    snapshot: StructureSnapshot
+    template: RestoreTemplate
+
+
+class RestoreReuse:
+    """What one ``Checkpoint``'s last read lends the next (see the module docstring)."""
+
+    __slots__ = ("_graph", "_kept")
+
+    def __init__(self) -> None:
+        self._graph: SavedGraph | None = None
+        self._kept: _Kept | None = None
+
+    def load_graph(self, bundle: BundleReader) -> SavedGraph | None:
+        """The checkpoint's object graph (the last one's if the bytes are the same)."""
+        graph = SavedGraph.load(bundle, self._graph)
+        if graph is not None:
+            self._graph = graph
+        return graph
+
+    def restore(
+        self,
+        view: ObjectGraphView,
+        graph: SavedGraph,
+        prefix: str,
+        options: CheckpointOptions,
+        index: BundleReader,
+    ) -> tuple[RestoreCoordinator, StructureSnapshot | None]:
+        """Restore ``view``'s objects from the checkpoint: replay the last walk if nothing
+        changed, else walk (and keep what the next read may reuse).
+
+        Returns:
+            The coordinator of this load, and a snapshot of the structure it met (None if the
+            walk met anything but exactly the program's object graph).
+        """
+        coordinator = RestoreCoordinator(graph, prefix, options, index=index)
+        kept, self._kept = self._kept, None  # kept again if this read succeeds
+        root = view.root
+        objects = kept.snapshot.unchanged() if kept is not None and kept.graph is graph else None
+        try:
+            if kept is not None and objects is not None and objects[0] is root:
+                plan, replay = RestorePlan(), kept.template.replay
+                coordinator.execute(plan, lambda: replay(coordinator, objects, plan))
+            else:
+                refs = view.list_children(root)
+                children = {ref.name: ref.ref for ref in refs}
+                record = WalkRecord([]) if not graph.slot_variables() else None
+                walked = CheckpointPosition(coordinator, 0).walk_and_restore(root, children, record)
+                kept = _keep(view, graph, record, walked)
+        except BaseException:
+            coordinator.expect_partial = True  # the error says it all; no "unrestored" warning
+            raise
+        self._kept = kept
+        return coordinator, kept.snapshot if kept is not None else None
+
+
+def _keep(
+    view: ObjectGraphView, graph: SavedGraph, record: WalkRecord | None, plan: RestorePlan | None
+) -> _Kept | None:
+    """The snapshot and template of a walk, if it met exactly the program's object graph."""
+    if record is None or record.failed or plan is None:
+        return None
+    if plan.registered or plan.pending_slots or plan.slots_taken or plan.seen:
+        return None  # their objects or bookkeeping are not part of the structure
+    objects = [obj for _, obj in record.queue]
+    if len(set(map(id, objects))) != len(objects):
+        return None  # one object bound to two nodes: the program's graph has it once
+    make = functools.partial(tuple.__new__, TrackableReference)  # TrackableReference._make
+    children = [list(map(make, refs.items())) if refs else _NONE for refs in record.children]
+    snapshot = StructureSnapshot.capture(view, objects, children)
+    if snapshot is None:
+        return None
+    return _Kept(graph, snapshot, RestoreTemplate(record, plan))
