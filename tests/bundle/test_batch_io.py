@@ -60,6 +60,51 @@ def test_add_many_writes_the_bytes_of_add(tmp_path):
             assert got.tolist() == value.tolist()
 
 
+def batched_values() -> dict[str, object]:
+    """Runs of small values broken by every kind of value that is written on its own."""
+    rng = np.random.default_rng(1)
+    values: dict[str, object] = {}
+    for i in range(6000):  # about 2.4 MiB: several gathered chunks
+        values[f"run/{i:05d}"] = rng.random(64 + i % 131, dtype=np.float32)
+        if i % 997 == 0:
+            values[f"big/{i}"] = rng.random(20_000)  # over the gather size: a run of its own
+        if i % 1201 == 0:
+            values[f"int/{i}"] = np.arange(i % 7, dtype=np.int16)  # a dtype change
+        if i % 1500 == 0:
+            values[f"strided/{i}"] = np.arange(30.0)[::3]
+            values[f"list/{i}"] = [1.0, 2.0]  # not an ndarray
+            values[f"text/{i}"] = np.array([b"x"], dtype=object)
+    return values
+
+
+def test_add_many_in_runs_writes_the_bytes_of_add(tmp_path):
+    values = batched_values()
+    one, many = str(tmp_path / "one"), str(tmp_path / "many")
+    with BundleWriter(many) as writer:
+        writer.add_many(list(values), list(values.values()))
+    with BundleWriter(one) as writer:
+        for key, value in values.items():
+            writer.add(key, value)
+    assert files(many) == files(one)
+    with BundleReader(many) as reader:
+        assert reader.read("run/05999").tolist() == values["run/05999"].tolist()
+
+
+def test_add_many_in_runs_fails_at_the_pair_that_fails(prefix):
+    keys = [f"v{i:03d}" for i in range(100)]
+    arrays = [np.full(3, i, np.float32) for i in range(100)]
+    with BundleWriter(prefix) as writer:
+        with pytest.raises(InvalidArgumentError, match="duplicate key 'v010'"):
+            writer.add_many(
+                [*keys[:50], "v010", *keys[50:]], [*arrays[:50], arrays[0], *arrays[50:]]
+            )
+        with pytest.raises(InvalidArgumentError, match="reserved for slice entries"):
+            writer.add_many(["w1", "w2", "\x00w", *[f"w{i}" for i in range(3, 40)]], arrays[:40])
+    with BundleReader(prefix) as reader:
+        assert reader.keys() == sorted([*keys[:50], "w1", "w2"])
+        assert reader.read("v049").tolist() == [49.0] * 3
+
+
 def test_add_many_errors_keep_the_pairs_before(prefix):
     with BundleWriter(prefix) as writer:
         with pytest.raises(InvalidArgumentError, match="2 keys but 1 arrays"):
@@ -127,6 +172,55 @@ def test_damage_raises_and_leaves_the_targets_alone(prefix):
             assert (out == 5.0).all()
             with pytest.raises(DataLossError, match="Checksum does not match"):
                 reader.read_many([key], copy=True)
+
+
+def views_cases() -> dict[str, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(2)
+    one_dtype = {f"v/{i:04d}": rng.random(1 + i % 40, np.float32) for i in range(300)}
+    shaped = {
+        **one_dtype,
+        "v/matrix": rng.random((3, 5), np.float32),
+        "v/scalar": np.array(1.5, np.float32),
+        "v/empty": np.zeros((0, 2), np.float32),
+    }
+    unaligned = {"a/byte": np.arange(3, dtype=np.int8), **one_dtype}  # float32 at odd offsets
+    mixed = {**one_dtype, "z/ints": np.arange(7, dtype=np.int64), "z/half": np.ones(3, np.float16)}
+    return {"one dtype": one_dtype, "shaped": shaped, "unaligned": unaligned, "mixed": mixed}
+
+
+@pytest.mark.parametrize("case", ["one dtype", "shaped", "unaligned", "mixed"])
+def test_read_many_views_equal_read(prefix, case):
+    values = views_cases()[case]
+    with BundleWriter(prefix) as writer:
+        writer.add_many(list(values), list(values.values()))
+    if case == "unaligned":  # only the float32 values, which start at odd offsets
+        del values["a/byte"]
+    with BundleReader(prefix) as reader:
+        got = reader.read_many(list(values), copy=False)
+        for (key, value), array in zip(values.items(), got):
+            expected = reader.read(key)
+            assert array.dtype == value.dtype and array.shape == value.shape, key
+            assert array.tobytes() == expected.tobytes() == value.tobytes(), key
+            assert not array.flags.writeable
+
+
+@pytest.mark.parametrize("case", ["one dtype", "mixed"])
+def test_read_many_views_refuse_damage_and_truncation(prefix, case):
+    values = views_cases()[case]
+    with BundleWriter(prefix) as writer:
+        writer.add_many(list(values), list(values.values()))
+    path = Path(prefix + ".data-00000-of-00001")
+    data = bytearray(path.read_bytes())
+    data[5] ^= 1  # inside the second value (bytes 4-11)
+    path.write_bytes(bytes(data))
+    with BundleReader(prefix) as reader:
+        with pytest.raises(DataLossError, match="Checksum does not match.*'v/0001'"):
+            reader.read_many(list(values), copy=False)
+    data[5] ^= 1
+    path.write_bytes(bytes(data[:-4]))  # undamaged, but the last value cut short
+    with BundleReader(prefix) as reader:
+        with pytest.raises(DataLossError, match="truncated"):
+            reader.read_many(list(values), copy=False)
 
 
 def test_large_values_hashed_beside_their_write(prefix):

@@ -100,9 +100,9 @@ def test_i4_non_contiguous_inputs(prefix, make):
 
 
 def test_i4_large_fortran_array_is_chunked(prefix, monkeypatch):
-    from trackpoint.bundle import writer as writer_module
+    from trackpoint.bundle import c_order
 
-    monkeypatch.setattr(writer_module, "_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(c_order, "CHUNK_BYTES", 1000)
     value = np.asfortranarray(np.arange(3 * 50 * 40, dtype=np.int32).reshape(3, 50, 40))
     write(prefix, {"x": value, "y": value[:, ::3, ::-2]})
     with BundleReader(prefix) as reader:

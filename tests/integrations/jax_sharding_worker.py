@@ -86,6 +86,7 @@ def main(directory: Path) -> None:
     # Where every verb gets a stored tensor's (or slice's) bytes: read, or the checked
     # zero-copy view and the copy straight into a target (the many-small-values paths).
     read_stored, view_stored, copy_stored = DataFiles.read, DataFiles.view, DataFiles.copy_into
+    views_stored = DataFiles.views
 
     def spy_read_slice(
         self: BundleReader, key: str, tensor_slice: Any, **kwargs: Any
@@ -105,6 +106,10 @@ def main(directory: Path) -> None:
         calls.append(("entry", keys_by_offset.get((layout.shard_id, layout.offset), "?")))
         return copy_stored(self, layout, out)
 
+    def spy_views_stored(self: DataFiles, keys: Any, layouts: Any) -> Any:
+        calls.extend(("entry", key) for key in keys)
+        return views_stored(self, keys, layouts)
+
     with BundleReader(prefix) as index:
         keys_by_offset = {
             (index.entry(k).shard_id, index.entry(k).offset): k for k in index.keys()
@@ -113,6 +118,7 @@ def main(directory: Path) -> None:
     DataFiles.read = spy_read_stored  # type: ignore[method-assign]
     DataFiles.view = spy_view_stored  # type: ignore[method-assign]
     DataFiles.copy_into = spy_copy_stored  # type: ignore[method-assign]
+    DataFiles.views = spy_views_stored  # type: ignore[method-assign]
     try:
         rows8 = jax.ShapeDtypeStruct(
             (8, 12), jnp.float32, sharding=NamedSharding(mesh8, P("z", None))
@@ -127,6 +133,7 @@ def main(directory: Path) -> None:
         DataFiles.read = read_stored  # type: ignore[method-assign]
         DataFiles.view = view_stored  # type: ignore[method-assign]
         DataFiles.copy_into = copy_stored  # type: ignore[method-assign]
+        DataFiles.views = views_stored  # type: ignore[method-assign]
 
     # An optax state of sharded params through tp.Checkpoint, restored on another mesh.
     params = {"w": tree["a"], "b": jax.device_put(FULL[0], NamedSharding(mesh42, P("y")))}

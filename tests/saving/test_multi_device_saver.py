@@ -12,6 +12,7 @@ import pytest
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.errors import InvalidArgumentError, NotFoundError
 from trackpoint.graph.keys import local_name
+from trackpoint.graph.serialize import TensorsByTrackable
 from trackpoint.saving import (
     CheckpointOptions,
     DeviceValue,
@@ -192,8 +193,10 @@ def test_h5_one_data_file_per_task_merged_into_one_prefix(prefix, make_holder) -
     ]
     values = [np.full(3, i, np.float32) for i in range(5)]
     saver = MultiDeviceSaver(
-        {h: {f"v{i}/.ATTRIBUTES/VARIABLE_VALUE": DeviceValue(v, d)}
-         for i, (h, v, d) in enumerate(zip(holders, values, devices))}
+        {
+            h: {f"v{i}/.ATTRIBUTES/VARIABLE_VALUE": DeviceValue(v, d)}
+            for i, (h, v, d) in enumerate(zip(holders, values, devices))
+        }
     )
     assert saver.tasks == ["/job:worker/task:0", "/job:worker/task:1", ""]
     saver.save(prefix)
@@ -214,10 +217,12 @@ def test_h5_one_data_file_per_task_merged_into_one_prefix(prefix, make_holder) -
 
 def test_h5_shards_are_numbered_across_tasks(prefix) -> None:  # noqa: ANN001
     saver = MultiDeviceSaver(
-        {None: {
-            "a": DeviceValue(np.ones(4, np.float32), "/job:w/task:0"),
-            "b": DeviceValue(np.ones(4, np.float32), "/job:w/task:1"),
-        }}
+        {
+            None: {
+                "a": DeviceValue(np.ones(4, np.float32), "/job:w/task:0"),
+                "b": DeviceValue(np.ones(4, np.float32), "/job:w/task:1"),
+            }
+        }
     )
     saver.save(prefix, CheckpointOptions(sharding_policy=MaxShardSizePolicy(8)))
     assert len(data_files(prefix)) == 4
@@ -266,8 +271,10 @@ def test_progress_events_and_write_callbacks_run_after_commit(prefix) -> None:  
     options = CheckpointOptions(
         sharding_policy=MaxShardSizePolicy(8),
         progress=events.append,
-        write_callbacks=[lambda p: calls.append((p, os.path.exists(p + ".index"))),
-                         lambda: calls.append("no-arg")],
+        write_callbacks=[
+            lambda p: calls.append((p, os.path.exists(p + ".index"))),
+            lambda: calls.append("no-arg"),
+        ],
     )
     MultiDeviceSaver({None: {"a": np.ones(4, np.float32)}}).save(prefix, options)
     assert calls == [(prefix, True), "no-arg"]
@@ -298,11 +305,13 @@ class Callback(ShardingPolicy):
 
 def _two_task_saver() -> MultiDeviceSaver:
     return MultiDeviceSaver(
-        {None: {
-            "a": DeviceValue(np.ones((2, 2), np.float32), "/job:w/task:0"),
-            "b": DeviceValue(np.zeros(3, np.int32), "/job:w/task:0"),
-            "c": DeviceValue(np.ones(1, np.float32), "/job:w/task:1"),
-        }}
+        {
+            None: {
+                "a": DeviceValue(np.ones((2, 2), np.float32), "/job:w/task:0"),
+                "b": DeviceValue(np.zeros(3, np.int32), "/job:w/task:0"),
+                "c": DeviceValue(np.ones(1, np.float32), "/job:w/task:1"),
+            }
+        }
     )
 
 
@@ -311,17 +320,29 @@ def _two_task_saver() -> MultiDeviceSaver:
     [
         (lambda s, t: [s, s], "several tensors have checkpoint key 'a'"),
         (lambda s, t: [{**s, "new": {"": np.ones(1)}}], "not in the object graph.*'new'"),
-        (lambda s, t: [{k: v for k, v in s.items() if k != "b"}] if "b" in s else [s],
-         "missing from the shards: checkpoint key 'b'"),
-        (lambda s, t: [{**s, "a": {"": np.ones((4,), np.float32)}}] if "a" in s else [s],
-         "'a'.*changed shape from \\[2, 2\\] to \\[4\\]"),
-        (lambda s, t: [{**s, "b": {"": np.zeros(3, np.int64)}}] if "b" in s else [s],
-         "'b'.*changed dtype from int32 to int64"),
-        (lambda s, t: [{**s, "c": {"": np.ones(1, np.float32)}}] if "a" in s else [{}],
-         "'c', slice spec '' of task '/job:w/task:1' was placed in a shard of task "
-         "'/job:w/task:0'"),
-        (lambda s, t: [{**s, "a": {"": DeviceValue(s["a"][""], "/job:w/task:3")}}]
-         if "a" in s else [s], "'a'.*moved from task '/job:w/task:0' to task '/job:w/task:3'"),
+        (
+            lambda s, t: [{k: v for k, v in s.items() if k != "b"}] if "b" in s else [s],
+            "missing from the shards: checkpoint key 'b'",
+        ),
+        (
+            lambda s, t: [{**s, "a": {"": np.ones((4,), np.float32)}}] if "a" in s else [s],
+            "'a'.*changed shape from \\[2, 2\\] to \\[4\\]",
+        ),
+        (
+            lambda s, t: [{**s, "b": {"": np.zeros(3, np.int64)}}] if "b" in s else [s],
+            "'b'.*changed dtype from int32 to int64",
+        ),
+        (
+            lambda s, t: [{**s, "c": {"": np.ones(1, np.float32)}}] if "a" in s else [{}],
+            "'c', slice spec '' of task '/job:w/task:1' was placed in a shard of task "
+            "'/job:w/task:0'",
+        ),
+        (
+            lambda s, t: (
+                [{**s, "a": {"": DeviceValue(s["a"][""], "/job:w/task:3")}}] if "a" in s else [s]
+            ),
+            "'a'.*moved from task '/job:w/task:0' to task '/job:w/task:3'",
+        ),
     ],
     ids=["duplicate", "added", "removed", "shape", "dtype", "moved-task", "device-changed"],
 )
@@ -381,3 +402,35 @@ def test_saver_without_values_writes_an_empty_checkpoint(prefix) -> None:  # noq
     MultiDeviceSaver({}).save(prefix)
     with BundleReader(prefix) as reader:
         assert reader.keys() == []
+
+
+def _pairs(serialized: dict) -> TensorsByTrackable:  # noqa: ANN001
+    """The graph walk's container: its list of pairs takes the saver's batched way."""
+    return TensorsByTrackable(list(serialized.items()))
+
+
+def test_batched_way_refuses_what_the_checked_way_refuses(make_holder) -> None:  # noqa: ANN001
+    a, b = make_holder("first"), make_holder("second")
+    with pytest.raises(InvalidArgumentError, match=r"'k'.*Holder\('first'\).*Holder\('second'\)"):
+        MultiDeviceSaver(_pairs({a: {"k": np.ones(1)}, b: {"j": np.ones(1), "k": np.ones(1)}}))
+    with pytest.raises(InvalidArgumentError, match="non-empty str"):
+        MultiDeviceSaver(_pairs({a: {"": np.ones(1)}}))
+    with pytest.raises(InvalidArgumentError, match="non-empty str"):
+        MultiDeviceSaver(_pairs({a: {3: np.ones(1)}}))
+
+
+def test_batched_way_saves_and_restores_like_the_checked_way(tmp_path, make_holder) -> None:  # noqa: ANN001
+    holders = [make_holder(f"h{i}") for i in range(50)]
+    values = {h: {f"h{i}/a": np.full(3, i, np.float32), f"h{i}/b": np.arange(i)}
+              for i, h in enumerate(holders)}  # fmt: skip
+    mixed = dict(values)
+    mixed[holders[7]] = {"h7/a": lambda: np.full(3, 7, np.float32), "h7/b": np.arange(7)}
+    paths = []
+    for name, serialized in (("plain", _pairs(values)), ("dict", values), ("mixed", _pairs(mixed))):
+        paths.append(str(tmp_path / name))
+        MultiDeviceSaver(serialized).save(paths[-1])
+    data = [open(p + ".data-00000-of-00001", "rb").read() for p in paths]
+    index = [open(p + ".index", "rb").read() for p in paths]
+    assert data[0] == data[1] == data[2] and index[0] == index[1] == index[2]
+    MultiDeviceSaver(_pairs(values)).restore(paths[0])
+    assert holders[9].calls[-1][local_name("h9/b")].tolist() == list(range(9))

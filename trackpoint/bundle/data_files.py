@@ -14,6 +14,9 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Sequence
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +33,14 @@ if TYPE_CHECKING:
     from trackpoint.storage.base import RangeReader, Storage
 
 __all__ = ["DataFiles"]
+
+_SHARD_ID = attrgetter("shard_id")
+_OFFSET = attrgetter("offset")
+_SIZE = attrgetter("size")
+_CRC = attrgetter("crc")
+_DTYPE = attrgetter("dtype")
+_SHAPE = attrgetter("shape")
+_NDARRAY_SIZE = attrgetter("size")
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +143,60 @@ class DataFiles:
         if raw.size != layout.size or crc32c_extend(raw) != layout.crc:
             return None
         return raw.view(layout.dtype).reshape(layout.shape)
+
+    def views(self, keys: Sequence[str], layouts: Sequence[Layout]) -> list[np.ndarray] | None:
+        """:meth:`view` of every layout at once, or None unless all of them can be viewed.
+
+        For the many small tensors of a restore: the slicing, checksums and views run in C
+        through ``map``. The layouts are readable, numeric and of a little-endian file; their
+        files are opened here. None, with nothing read, if a file is missing, not mapped,
+        truncated or damaged: :meth:`read` and :meth:`verified` then decide, value by value,
+        and raise the error that says why.
+
+        Raises:
+            FailedPreconditionError: the reader was closed.
+        """
+        shard_ids = list(map(_SHARD_ID, layouts))
+        mapped = self._mapped
+        for shard_id in set(shard_ids):
+            if shard_id not in mapped and shard_id not in self._readers:
+                try:
+                    self._open(shard_id, keys[shard_ids.index(shard_id)])
+                except NotFoundError:
+                    return None  # raised by read(), in the order of the keys
+            if shard_id not in mapped:
+                return None
+        n = len(layouts)
+        starts = np.fromiter(map(_OFFSET, layouts), np.int64, n)
+        ends = starts + np.fromiter(map(_SIZE, layouts), np.int64, n)
+        crcs = list(map(_CRC, layouts))
+        dtypes = list(map(_DTYPE, layouts))
+        shapes = list(map(_SHAPE, layouts))
+        if any(map(is_, dtypes, repeat(None))):  # not `None in`: float64 == None
+            return None
+        if len(set(shard_ids)) == 1 and len(set(dtypes)) == 1:
+            # One file, one dtype (the usual restore): slices of the file viewed as that
+            # dtype once, so each value costs one slice instead of a slice and a view.
+            whole = mapped[shard_ids[0]]
+            item = dtypes[0].itemsize
+            if n and int(ends.max()) > whole.size:
+                return None  # truncated
+            if item and not (starts % item).any() and not (ends % item).any():
+                typed = whole[: whole.size - whole.size % item].view(dtypes[0])
+                ranges = map(slice, (starts // item).tolist(), (ends // item).tolist())
+                arrays = list(map(typed.__getitem__, ranges))
+                if list(map(crc32c_extend, arrays)) != crcs:
+                    return None  # damaged
+                if set(map(len, shapes)) != {1}:  # 1-D slices already have their shape
+                    arrays = list(map(np.ndarray.reshape, arrays, shapes))
+                return arrays
+        wholes = map(mapped.__getitem__, shard_ids)
+        raws = list(map(np.ndarray.__getitem__, wholes, map(slice, starts.tolist(), ends.tolist())))
+        if list(map(_NDARRAY_SIZE, raws)) != (ends - starts).tolist():
+            return None  # truncated
+        if list(map(crc32c_extend, raws)) != crcs:
+            return None  # damaged
+        return list(map(np.ndarray.reshape, map(np.ndarray.view, raws, dtypes), shapes))
 
     def verified(
         self, key: str, layout: Layout, raw: np.ndarray | memoryview, crc: int | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import threading
 from concurrent.futures import Future, wait
+from operator import attrgetter
 from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
     from trackpoint.storage.base import Storage
 
 __all__ = ["BundleReader"]
+
+_READABLE = attrgetter("readable")
+_IS_STRING = attrgetter("is_string")
+_SLICES = attrgetter("slices")
+_SIZE = attrgetter("size")
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -159,10 +165,15 @@ class BundleReader:
         Raises:
             The errors of :meth:`read`, for the first key that fails.
         """
+        layouts, native, index, files = self._layouts, self._native, self._index, self._files
+        if not copy and native:
+            keys = keys if isinstance(keys, list) else list(keys)
+            batch = self._views(keys)
+            if batch is not None:
+                return batch
         arrays: list[np.ndarray | None] = []
         hashing: list[tuple[int, str, Layout, np.ndarray | memoryview, Future[int]]] = []
         counted = 0
-        layouts, native, index, files = self._layouts, self._native, self._index, self._files
         try:
             for key in keys:
                 layout = layouts.get(key) or index.decode_layout(key)
@@ -196,6 +207,29 @@ class BundleReader:
             wait([future for *_, future in hashing])  # none still reads the file
             self._count_read(counted)
         return arrays  # type: ignore[return-value]
+
+    def _views(self, keys: list[str]) -> list[np.ndarray] | None:
+        """``read_many(keys, copy=False)`` in one batch, if every key is a small whole numeric
+        tensor of a mapped file whose bytes check out; else None (nothing counted)."""
+        found = list(map(self._layouts.get, keys))
+        if found and None in found:
+            # Decoding one entry decodes every common one (the first read of a reader).
+            self._index.decode_layout(keys[found.index(None)])
+            found = list(map(self._layouts.get, keys))
+        if not found or None in found:
+            return None  # odd entries the batch decode left out: one by one
+        layouts: list[Layout] = found  # type: ignore[assignment]
+        if (
+            not all(map(_READABLE, layouts))
+            or any(map(_IS_STRING, layouts))
+            or any(map(_SLICES, layouts))
+            or max(map(_SIZE, layouts)) >= PARALLEL_HASH_BYTES
+        ):
+            return None
+        arrays = self._files.views(keys, layouts)
+        if arrays is not None:
+            self._count_read(sum(map(_SIZE, layouts)))
+        return arrays
 
     def read_many_into(self, keys: Sequence[str], outs: Sequence[np.ndarray]) -> None:
         """``read_into(key, out)`` for each pair in order, at a lower cost per key.

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
 from trackpoint._types import PathLike, fspath
+from trackpoint.bundle.c_order import c_order_chunks, is_little_endian
 from trackpoint.bundle.crc import (
     PARALLEL_HASH_BYTES,
     crc32c_extend,
@@ -30,6 +31,7 @@ from trackpoint.bundle.crc import (
 from trackpoint.bundle.dtypes import DataType, datatype_for
 from trackpoint.bundle.entries import make_header
 from trackpoint.bundle.entry_log import EntryLog, Partitioned, Row
+from trackpoint.bundle.gather import gather_chunks, small_runs
 from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
 from trackpoint.bundle.slice_spec import TensorSlice, encode_slice_key
 from trackpoint.bundle.strings import encode_strings, string_elements
@@ -44,45 +46,19 @@ __all__ = ["BundleWriter"]
 
 logger = logging.getLogger(__name__)
 
-# Copies of non-contiguous arrays are made this many bytes at a time.
-_CHUNK_BYTES = 8 << 20
 # Tensors below this size are gathered into one buffer and written together: one storage
 # write per tensor costs more than the copy for the many small tensors of a real model.
 _GATHER_BYTES = 64 << 10
 _GATHER_FLUSH = 1 << 20
+# add_many batches calls of at least this many values (below, one by one is as fast).
+_BATCH_MIN = 16
+_SHAPE = attrgetter("shape")
 # The serialized header entry of a one-file bundle (§4).
 _HEADER = make_header(1).SerializeToString()
 
 # What the writer knows of a numpy dtype: its DataType, whether small C-contiguous arrays of it
 # take the fast path (numeric, little-endian), and the head id of each shape seen so far.
 _Kind = tuple[DataType, bool, dict[tuple[int, ...], int]]
-
-
-def _is_little_endian(dtype: np.dtype) -> bool:
-    order = dtype.byteorder
-    return order in "<|" or (order == "=" and sys.byteorder == "little")
-
-
-def _c_chunks(array: np.ndarray, dtype: np.dtype) -> Iterator[np.ndarray]:
-    """Yield C-order, ``dtype`` copies of consecutive row-major pieces of ``array``.
-
-    Splits along the first axis whose trailing block fits in ``_CHUNK_BYTES``, so the number
-    of pieces is about ``nbytes / _CHUNK_BYTES`` and each piece is at most that size.
-    """
-    if array.ndim == 0:
-        yield np.ascontiguousarray(array.reshape(1), dtype=dtype)
-        return
-    shape = array.shape
-    itemsize = dtype.itemsize
-    axis = 0
-    while axis < len(shape) - 1 and math.prod(shape[axis + 1 :]) * itemsize > _CHUNK_BYTES:
-        axis += 1
-    row_bytes = math.prod(shape[axis + 1 :]) * itemsize
-    step = max(1, _CHUNK_BYTES // max(row_bytes, 1))
-    for outer in np.ndindex(*shape[:axis]):
-        sub = array[outer]
-        for start in range(0, shape[axis], step):
-            yield np.ascontiguousarray(sub[start : start + step], dtype=dtype)
 
 
 class BundleWriter:
@@ -188,42 +164,16 @@ class BundleWriter:
             InvalidArgumentError: empty or duplicate key ("duplicate key"), unsupported dtype.
             FailedPreconditionError: the writer is finished or aborted.
         """
-        # The common case is inlined: models of many small tensors spend their save here.
-        if type(key) is str and key and key[0] != "\x00" and self._file is not None:
-            try:
-                raw_key = key.encode()
-            except UnicodeEncodeError:
-                raw_key = self._key_bytes(key)  # raises the error that says why
-        else:
-            raw_key = self._new_key(key)
-        rows = self._log.rows
-        if raw_key in rows:
-            raise self._duplicate(key)
-        if type(array) is not np.ndarray:
-            array = np.asarray(array)
-        datatype, fast, heads = self._kinds.get(array.dtype) or self._kind(array.dtype, key)
-        if fast and array.nbytes < _GATHER_BYTES and array.flags.c_contiguous:
-            data = array.tobytes()  # a copy now: the caller may change the array once we return
-            offset = self._offset
-            size = len(data)
-            self._offset = offset + size
-            self._parts.append(data)
-            shape = array.shape
-            head = heads.get(shape)
-            if head is None:
-                head = self._log.head_id(datatype, shape)
-            rows[raw_key] = (head, offset, size, crc32c_extend(data))
-            if self._offset - self._flushed >= _GATHER_FLUSH:
-                self._flush_gathered()
-        else:
-            rows[raw_key] = self._write_tensor(key, array)
+        self._check_open()
+        self._add_each((key,), (array,))
 
     def add_many(self, keys: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
         """``add(key, array)`` for each pair in order, at a lower cost per value.
 
-        For the many small values of a model: one call instead of one per value, with the
-        writer's state looked up once. The bundle is byte-identical to adding the pairs one by
-        one. The pairs before a failing one are added.
+        For the many small values of a model: runs of small C-contiguous arrays of one dtype
+        are copied into a few buffers and checksummed there in one batch
+        (:mod:`~trackpoint.bundle.gather`); the rest are added one by one. The bundle is
+        byte-identical to adding the pairs one by one. The pairs before a failing one are added.
 
         Raises:
             InvalidArgumentError: ``keys`` and ``arrays`` differ in length, or as :meth:`add`
@@ -236,6 +186,62 @@ class BundleWriter:
                 path=self._prefix,
             )
         self._check_open()
+        if len(arrays) < _BATCH_MIN:
+            self._add_each(keys, arrays)
+            return
+        if set(map(type, arrays)) != {np.ndarray}:
+            arrays = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
+        try:
+            runs, sizes = small_runs(arrays, self._is_fast, _GATHER_BYTES)
+        except InvalidArgumentError:  # a dtype that cannot be stored: fail at its pair
+            self._add_each(keys, arrays)
+            return
+        for start, stop, gathered in runs:
+            if gathered and stop - start > 1:
+                self._add_gathered(keys[start:stop], arrays[start:stop], sizes[start:stop])
+            else:
+                self._add_each(keys[start:stop], arrays[start:stop])
+
+    def _is_fast(self, dtype: np.dtype) -> bool:
+        return (self._kinds.get(dtype) or self._kind(dtype, f"<a {dtype} value>"))[1]
+
+    def _add_gathered(
+        self, keys: Sequence[str], arrays: Sequence[np.ndarray], sizes: np.ndarray
+    ) -> None:
+        """Add one run of :func:`~trackpoint.bundle.gather.small_runs` in batch."""
+        rows = self._log.rows
+        try:
+            raw = list(map(str.encode, keys))
+        except (TypeError, UnicodeEncodeError):
+            raw = []
+        # min() < b"\x01": an empty key or one starting with NUL. Any doubt about a key goes
+        # the one-by-one way, which adds the pairs before it and raises the error that says why.
+        if (
+            len(raw) != len(keys)
+            or min(raw) < b"\x01"
+            or len(set(raw)) != len(raw)
+            or not rows.keys().isdisjoint(raw)
+        ):
+            self._add_each(keys, arrays)
+            return
+        datatype, _, heads = self._kinds[arrays[0].dtype]
+        shapes = list(map(_SHAPE, arrays))
+        for shape in set(shapes).difference(heads):
+            self._log.head_id(datatype, shape)  # fills heads
+        head_ids = list(map(heads.__getitem__, shapes))
+        self._flush_gathered()
+        file = self._check_open()
+        done = 0
+        for chunk in gather_chunks(arrays, sizes, _GATHER_FLUSH, self._offset):
+            file.write(chunk.data)
+            self._offset = self._flushed = self._offset + len(chunk.data)
+            end = done + chunk.count
+            fields = zip(head_ids[done:end], chunk.offsets, chunk.sizes, chunk.crcs)
+            rows.update(zip(raw[done:end], fields))
+            done = end
+
+    def _add_each(self, keys: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
+        """``add`` for each pair, with the writer's state looked up once."""
         rows, kinds, parts = self._log.rows, self._kinds, self._parts
         ndarray = np.ndarray
         # The data file's end, kept here while small values are gathered (-1: in self._offset).
@@ -256,7 +262,7 @@ class BundleWriter:
                     array = np.asarray(array)
                 datatype, fast, heads = kinds.get(array.dtype) or self._kind(array.dtype, key)
                 if fast and array.nbytes < _GATHER_BYTES and array.flags.c_contiguous:
-                    data = array.tobytes()  # as in add()
+                    data = array.tobytes()  # a copy now: the caller may change the array
                     parts.append(data)
                     head = heads.get(array.shape)
                     if head is None:
@@ -469,7 +475,7 @@ class BundleWriter:
         kind = self._kinds.get(dtype)
         if kind is None:
             datatype = datatype_for(dtype, key=key)
-            fast = datatype != DataType.DT_STRING and _is_little_endian(dtype)
+            fast = datatype != DataType.DT_STRING and is_little_endian(dtype)
             heads = self._log.shape_heads.setdefault(datatype, {})
             kind = self._kinds[dtype] = (datatype, fast, heads)
         return kind
@@ -493,10 +499,10 @@ class BundleWriter:
     def _write_numeric(self, array: np.ndarray) -> tuple[int, int]:
         """Write a strided or big-endian array as C-order little-endian, in bounded copies."""
         dtype = array.dtype
-        target = dtype if _is_little_endian(dtype) else dtype.newbyteorder("<")
+        target = dtype if is_little_endian(dtype) else dtype.newbyteorder("<")
         crc = 0
         size = 0
-        for chunk in _c_chunks(array, target):
+        for chunk in c_order_chunks(array, target):
             buf = memoryview(chunk.reshape(-1).view(np.uint8))
             crc = self._write_hashed(buf, crc)
             size += buf.nbytes

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import is_, not_
 from typing import TYPE_CHECKING
 
 from trackpoint.tracking.adapters import to_trackable
@@ -111,8 +113,8 @@ class StructureSnapshot:
 
     def objects(self) -> list[Trackable] | None:
         """The recorded nodes in node order; None if one of them no longer exists."""
-        objects = [ref() for ref in self._refs]
-        if any(obj is None for obj in objects):
+        objects = list(map(weakref.ref.__call__, self._refs))  # in C: 100,000s of nodes
+        if any(map(is_, objects, repeat(None))):
             return None
         return objects  # type: ignore[return-value]
 
@@ -130,13 +132,12 @@ class StructureSnapshot:
         for index in self._leaves:
             if objects[index]._trackable_children():
                 return None
-        plain = _PLAIN_CHILDREN
-        for index in self._plain_leaves:
-            obj = objects[index]
-            if type(obj)._trackable_children is not plain or getattr(
-                obj, "_self_dependencies", None
-            ):
-                return None  # it gained a dependency, or computes its children now
+        plain = list(map(objects.__getitem__, self._plain_leaves))
+        kinds: set[type[Trackable]] = set(map(type, plain))
+        if any(cls._trackable_children is not _PLAIN_CHILDREN for cls in kinds):
+            return None  # one computes its children now
+        if any(map(getattr, plain, repeat("_self_dependencies"), repeat(None))):
+            return None  # one gained a dependency
         return objects
 
     def _same_attached(self, objects: list[Trackable]) -> bool:
@@ -167,8 +168,11 @@ def _same_children(
     children = obj._trackable_children()
     if len(children) != len(names) or list(children) != names:
         return False
-    for child, node in zip(children.values(), child_nodes):
-        expected = objects[node]
-        if child is not expected and to_trackable(child) is not expected:
-            return False
-    return True
+    values = list(children.values())
+    expected = list(map(objects.__getitem__, child_nodes))
+    same = list(map(is_, values, expected))  # in C; a container's children may be raw values
+    if all(same):
+        return True
+    return all(
+        to_trackable(values[i]) is expected[i] for i in compress(range(len(same)), map(not_, same))
+    )

@@ -12,6 +12,8 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain, repeat
+from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -57,6 +59,10 @@ __all__ = ["MultiDeviceSaver", "ProgressEvent", "SerializedTensors"]
 logger = logging.getLogger(__name__)
 
 _DEFAULT_MAX_IO_THREADS = 4
+_DTYPE = attrgetter("dtype")
+_SHAPE = attrgetter("shape")
+_FIRST = itemgetter(0)
+_SECOND = itemgetter(1)
 
 
 class SerializedTensors(Protocol):
@@ -120,7 +126,22 @@ class MultiDeviceSaver:
         registered_savers: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self._entries_by_task: dict[str, list[_Entry]] = {}
+        self._registered_savers = {
+            name: dict(objects) for name, objects in (registered_savers or {}).items()
+        }
+        self._history: SaveHistory | None = None
+        # While every value is a whole local array (the usual save), they are kept as three
+        # parallel lists instead of entries: found, and later snapshotted, in C (issue 19).
+        self._plain = _plain_values(serialized_tensors)
+        if self._plain is not None:
+            if self._plain[0]:
+                self._entries_by_task[LOCAL_TASK] = []
+            else:
+                self._plain = None
+            return
         local: list[_Entry] = []  # this process's values: most saves have no others
+        # The same while the local values seen so far are plain; None once one is not.
+        plain: tuple[list[str], list[np.ndarray], list[Any]] | None = ([], [], [])
         owners: dict[tuple[str, str], Any] = {}
         whole: dict[str, Any] = {}  # key -> owner of its whole value (slice spec "")
         for trackable, tensor_dict in _items(serialized_tensors):
@@ -129,9 +150,14 @@ class MultiDeviceSaver:
                     if key in whole or type(key) is not str or not key:
                         self._check_key(key, "", trackable, owners, whole)
                     whole[key] = trackable
-                    if not local:  # tasks keep the order their first values came in
+                    if LOCAL_TASK not in self._entries_by_task:  # tasks keep first-seen order
                         self._entries_by_task[LOCAL_TASK] = local
-                    local.append(_Entry(key, "", slices, None, trackable))
+                    if plain is not None:
+                        plain[0].append(key)
+                        plain[1].append(slices)
+                        plain[2].append(trackable)
+                    else:
+                        local.append(_Entry(key, "", slices, None, trackable))
                     continue
                 if not isinstance(key, str) or not key:
                     raise InvalidArgumentError(
@@ -142,8 +168,8 @@ class MultiDeviceSaver:
                 else:
                     slices = slices.items()
                 for raw_spec, raw_value in slices:
-                    plain = type(raw_spec) is str and not raw_spec  # the usual "": no checks
-                    spec = "" if plain else _check_spec(raw_spec, key)
+                    plain_spec = type(raw_spec) is str and not raw_spec  # the usual "": no checks
+                    spec = "" if plain_spec else _check_spec(raw_spec, key)
                     self._check_key(key, spec, trackable, owners, whole)
                     if spec:
                         owners[(key, spec)] = trackable
@@ -154,13 +180,15 @@ class MultiDeviceSaver:
                         value, device = raw_value.value, raw_value.device
                     entry = _Entry(key, spec, value, device, trackable)
                     task = task_of(device)
-                    if task == LOCAL_TASK and not local:
-                        self._entries_by_task[LOCAL_TASK] = local
+                    if task == LOCAL_TASK:
+                        if LOCAL_TASK not in self._entries_by_task:
+                            self._entries_by_task[LOCAL_TASK] = local
+                        if plain is not None:  # the plain values so far become entries
+                            local.extend(map(_Entry, plain[0], repeat(""), plain[1],
+                                             repeat(None), plain[2]))  # fmt: skip
+                            plain = None
                     self._entries_by_task.setdefault(task, []).append(entry)
-        self._registered_savers = {
-            name: dict(objects) for name, objects in (registered_savers or {}).items()
-        }
-        self._history: SaveHistory | None = None
+        self._plain = plain if plain is not None and plain[0] else None
 
     @staticmethod
     def _check_key(
@@ -200,6 +228,15 @@ class MultiDeviceSaver:
         """The tasks of the values, in first-seen order (``""`` is this process)."""
         return list(self._entries_by_task)
 
+    def _all_entries(self) -> Iterable[Sequence[_Entry]]:
+        """Every task's entries (the plain local values as entries too)."""
+        for task, entries in self._entries_by_task.items():
+            if task == LOCAL_TASK and self._plain is not None:
+                keys, arrays, trackables = self._plain
+                yield list(map(_Entry, keys, repeat(""), arrays, repeat(None), trackables))
+            else:
+                yield entries
+
     # -- save ------------------------------------------------------------------------------
     def snapshot(self) -> SaveSnapshot:
         """Evaluate every value once: callables are called, ``None`` values dropped.
@@ -208,6 +245,18 @@ class MultiDeviceSaver:
         """
         tensors_by_task: dict[str, list[ShardableTensor]] = {}
         for task, entries in self._entries_by_task.items():
+            if task == LOCAL_TASK and self._plain is not None:
+                keys, arrays, trackables = self._plain
+                # ShardableTensor(tensor, dtype, device, name, shape, spec, key, trackable)
+                # made in C by tuple.__new__ (a NamedTuple's own __new__ is Python), the dtype
+                # and shape read now (an array may have been reshaped in place).
+                fields = zip(
+                    arrays, map(_DTYPE, arrays), repeat(None), keys, map(_SHAPE, arrays),
+                    repeat(""), keys, trackables,
+                )  # fmt: skip
+                tensors_by_task[task] = list(map(tuple.__new__, repeat(ShardableTensor), fields))
+
+                continue
             tensors = tensors_by_task.setdefault(task, [])
             for entry in entries:
                 value = entry.value() if callable(entry.value) else entry.value
@@ -358,16 +407,19 @@ class MultiDeviceSaver:
         num_shards = len(shards)
         total = num_shards + (1 if linked else 0)  # all reused files form one bundle
         prefixes = [commit.shard_prefix(i, total) for i in range(total)]
-        sizes = [payload_bytes(shard) for _, shard in shards]
         workers = options.num_io_threads or min(_DEFAULT_MAX_IO_THREADS, num_shards)
         jobs = [(path, shard, commit.storage) for path, (_, shard) in zip(prefixes, shards)]
+        sizes = [0] * num_shards  # each shard's payload, filled in as it is written
+        # Progress reports need every size before the first shard completes.
+        expected = [payload_bytes(shard) for _, shard in shards] if options.progress else None
         done_bytes = 0
-        for count, index in enumerate(write_shards(jobs, workers), start=1):
-            done_bytes += sizes[index]
-            self._progress(
-                options, commit.prefix, "write", count, num_shards, done_bytes, sum(sizes),
-                shard_id=index, shard_bytes=sizes[index],
-            )  # fmt: skip
+        for count, index in enumerate(write_shards(jobs, workers, sizes), start=1):
+            if expected is not None:
+                done_bytes += sizes[index]
+                self._progress(
+                    options, commit.prefix, "write", count, num_shards, done_bytes,
+                    sum(expected), shard_id=index, shard_bytes=sizes[index],
+                )  # fmt: skip
         if plan is not None and linked:
             plan.link(prefixes[-1], commit.storage)
         commit.commit([*commit.foreign_prefixes, *prefixes])
@@ -429,7 +481,7 @@ class MultiDeviceSaver:
         storage = storage or (options and options.storage) or storage_for(prefix_str)
         # One item per trackable: {local name: key}, and the slice specs each value is read as.
         groups: dict[int, tuple[Trackable, dict[str, str], dict[str, dict[str, None]]]] = {}
-        for entries in self._entries_by_task.values():
+        for entries in self._all_entries():
             for entry in entries:
                 trackable = entry.trackable
                 if trackable is None:
@@ -452,6 +504,29 @@ class MultiDeviceSaver:
 
 
 _ABSENT = object()
+
+
+def _plain_values(
+    serialized_tensors: SerializedTensors,
+) -> tuple[list[str], list[np.ndarray], list[Any]] | None:
+    """(keys, arrays, trackables) if every value is a whole local ndarray under a distinct
+    non-empty str key (the usual save), found in C; None to take the checked way."""
+    pairs = serialized_tensors.items()
+    if type(pairs) is not list:
+        return None
+    dicts = list(map(_SECOND, pairs))
+    if set(map(type, dicts)) - {dict}:
+        return None
+    keys = list(chain.from_iterable(dicts))
+    arrays = list(chain.from_iterable(map(dict.values, dicts)))
+    if set(map(type, arrays)) - {np.ndarray} or set(map(type, keys)) - {str}:
+        return None
+    distinct = set(keys)
+    if len(distinct) != len(keys) or "" in distinct:
+        return None  # the checked way says which key, and why
+    counts = map(len, dicts)
+    trackables = list(chain.from_iterable(map(repeat, map(_FIRST, pairs), counts)))
+    return keys, arrays, trackables
 
 
 def _items(mapping: Any) -> Iterable[tuple[Any, Any]]:

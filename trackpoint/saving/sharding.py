@@ -19,6 +19,8 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, MutableMapping, Sequence
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -150,6 +152,11 @@ class ShardingPolicy(ABC):
         return f"{type(self).__name__}({params})"
 
 
+_SLICE_SPEC = attrgetter("slice_spec")
+_CHECKPOINT_KEY = attrgetter("checkpoint_key")
+_TENSOR = attrgetter("tensor")
+
+
 class ShardByTaskPolicy(ShardingPolicy):
     """One shard per task holding all of its tensors (the default; one data file per host)."""
 
@@ -159,6 +166,13 @@ class ShardByTaskPolicy(ShardingPolicy):
 
     def __call__(self, shardable_tensors: Sequence[ShardableTensor]) -> list[Shard]:
         # docstring inherited
+        if not any(map(_SLICE_SPEC, shardable_tensors)):  # whole values: built in C
+            keys = list(map(_CHECKPOINT_KEY, shardable_tensors))
+            # {"": tensor} per key, made in C: dict((("", tensor),)).
+            pairs = zip(zip(repeat(""), map(_TENSOR, shardable_tensors)))
+            whole: Shard = dict(zip(keys, map(dict, pairs)))
+            if len(whole) == len(keys):
+                return [whole] if whole else []
         shard: Shard = {}
         for st in shardable_tensors:
             shard.setdefault(st.checkpoint_key, {})[st.slice_spec] = st.tensor
