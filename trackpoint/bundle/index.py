@@ -88,7 +88,7 @@ class BundleIndex:
         first = bisect_left(keys, b"\x01", 1)
         self._slice_values = {keys[row]: table.value(row) for row in range(1, first)}
         # Checkpoint key -> its row of the table; values stay spans of the file until needed.
-        names = [key.decode("utf-8", "surrogateescape") for key in keys[first:]]
+        names = _decode_keys(keys[first:])
         self._rows: dict[str, int] = dict(zip(names, range(first, len(keys))))
         self._table = table
         self._entries: dict[str, BundleEntryProto] = {}
@@ -255,3 +255,15 @@ class BundleIndex:
         if shape is None:  # raises the error that says why
             return entry_shape(self.entry(key), key=key, path=self.path)
         return shape
+
+
+def _decode_keys(keys: list[bytes]) -> list[str]:
+    """Each key as str (undecodable bytes escaped), in one decode for the whole list.
+
+    Joined by NUL, which no UTF-8 sequence contains, the decode equals decoding each key; a
+    key holding a NUL itself makes the count differ, and then each is decoded alone.
+    """
+    names = b"\x00".join(keys).decode("utf-8", "surrogateescape").split("\x00")
+    if len(names) != len(keys) or not keys:
+        return [key.decode("utf-8", "surrogateescape") for key in keys]
+    return names
