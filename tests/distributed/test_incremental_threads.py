@@ -265,3 +265,115 @@ def test_max_shard_size_policy_slices_are_reused_by_each_rank(tmp_path: Path) ->
     assert max(sizes) <= 256 << 10 and sum(sizes) > 3 * MIB  # the limit holds
     assert new_bytes(second, first) < 256 << 10  # every slice of base and table: linked
     check_values(second, 2.0)
+
+
+def with_small(r: Rank, collective: tpd.Collective, small: np.ndarray) -> None:
+    """Give rank ``r`` a checkpoint that also holds ``small`` (replicated)."""
+    r.ckpt = tpd.DistributedCheckpoint(
+        group=collective, timeout=20, base=r.base, adapter=r.adapter, small=small,
+        table=tpd.Slice(r.table, (ROWS, COLS), (r.start, 0)),
+    )  # fmt: skip
+
+
+def test_async_save_copies_only_changed_values_and_later_mutation_does_not_matter(
+    tmp_path: Path,
+) -> None:
+    """An async save decides at the call: unchanged values are neither copied nor read later.
+
+    ``small`` (unchanged) shares its data file with ``adapter`` (changed), so it cannot be
+    linked: it is written from the previous checkpoint's bytes, not from the mutated array.
+    """
+    options = tp.CheckpointOptions(incremental=True, enable_async=True)
+
+    def work(rank: int, collective: tpd.Collective) -> dict[str, Any]:
+        r = Rank(rank, 2, collective)
+        small = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)  # 16 KiB, unchanged
+        with_small(r, collective, small)
+        staged: list[int] = []
+
+        def progress(event: tp.ProgressEvent) -> None:
+            if event.phase == "stage":
+                staged.append(event.bytes_done)
+
+        out: dict[str, Any] = {"paths": []}
+        for step in (1, 2):
+            r.adapter[:] = step
+            run = tp.CheckpointOptions(
+                incremental=True, enable_async=True, progress=progress
+            ) if step == 2 else options  # fmt: skip
+            out["paths"].append(r.ckpt.save(tmp_path / "ckpt", run))
+            if step == 2:  # after the call: none of this may reach the checkpoint
+                r.adapter[:] = -1
+                small[:] = -1
+                r.base[:] = -1
+                r.table[:] = -1
+            r.ckpt.sync()
+        r.ckpt.close()
+        out["staged"] = staged
+        return out
+
+    results = run_ranks(2, work)
+    assert all(isinstance(r, dict) for r in results), results
+    first, second = (Path(p) for p in results[0]["paths"])
+    for rank, result in enumerate(results):
+        # Only the changed values were copied: never the base (1 MiB) nor the table rows.
+        assert result["staged"] and result["staged"][0] < 64 << 10, (rank, result["staged"])
+    check_values(second, 2.0)
+    got = read_all(second)
+    np.testing.assert_array_equal(
+        got[key("small")], np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    )
+    assert new_bytes(second, first) < 256 << 10  # base and table linked, not rewritten
+
+
+def test_async_save_fails_cleanly_when_an_uncopied_value_cannot_be_read_back(
+    tmp_path: Path,
+) -> None:
+    """A value unchanged at the call but not linkable is read back from the previous
+    checkpoint; if that checkpoint was replaced meanwhile, the save fails, committing nothing."""
+    options = tp.CheckpointOptions(incremental=True, enable_async=True)
+
+    def work(rank: int, collective: tpd.Collective) -> list[Any]:
+        r = Rank(rank, 2, collective)
+        small = np.ones((64, 64), np.float32)
+        with_small(r, collective, small)
+        out: list[Any] = [r.ckpt.save(tmp_path / "ckpt", options)]
+        r.ckpt.sync()
+        r.adapter[:] = 2
+        r.ckpt.save(tmp_path / "ckpt", options)
+        small[:] = -1
+        try:
+            r.ckpt.sync()
+            out.append(None)
+        except CheckpointError as exc:
+            out.append(exc)
+        r.ckpt.close()
+        return out
+
+    # Replace ckpt-1's index between the call and the background plan: the writer thread
+    # plans only after the call returns, so remove the whole checkpoint from a hook.
+    from trackpoint.distributed import saver as dsaver
+
+    real = dsaver._SaveRun._shard
+    gone = threading.Event()
+
+    def shard(self: Any, tensors: Any) -> Any:
+        if self.detached and not gone.is_set():
+            with gone_lock:
+                if not gone.is_set():
+                    for path in tmp_path.glob("ckpt-1.*"):
+                        path.unlink()
+                    gone.set()
+        return real(self, tensors)
+
+    gone_lock = threading.Lock()
+    dsaver._SaveRun._shard = shard  # type: ignore[method-assign]
+    try:
+        results = run_ranks(2, work)
+    finally:
+        dsaver._SaveRun._shard = real  # type: ignore[method-assign]
+    assert gone.is_set()
+    for rank, (_, failed) in enumerate(results):
+        assert isinstance(failed, CheckpointError), (rank, failed)
+        assert "not copied" in str(failed), failed
+    assert not (tmp_path / "ckpt-2.index").exists()

@@ -35,8 +35,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, MutableMapping
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
+
+import numpy as np
 
 from trackpoint._types import PathLike, fspath
 from trackpoint.distributed.collective import Collective, CollectiveError
@@ -59,7 +62,13 @@ from trackpoint.saving import (
     ShardableTensor,
     ShardByTaskPolicy,
 )
-from trackpoint.saving.change_tracking import ValueKey, ValueVersion, value_versions
+from trackpoint.saving.change_tracking import (
+    Token,
+    ValueKey,
+    ValueVersion,
+    value_tokens,
+    value_versions,
+)
 from trackpoint.saving.commit import AtomicCommit
 from trackpoint.saving.incremental import (
     IncrementalPlan,
@@ -153,9 +162,9 @@ class DistributedSaver(MultiDeviceSaver):
         """Let saves with ``options.incremental`` reuse the data files this rank wrote.
 
         The inherited :attr:`history` stays None: the plan is made in the save, once the ranks
-        have agreed on which values this rank writes (an async save therefore copies every
-        value at the call, as a full one does). The values' exact versions are taken at the
-        call, by :meth:`snapshot`.
+        have agreed on which values this rank writes. The values' exact versions are taken at
+        the call, by :meth:`snapshot`; an async save also hashes this rank's values at the call
+        and copies only those that changed (:class:`_RankSnapshot`).
         """
         self.rank_history = history
         return True
@@ -171,6 +180,9 @@ class DistributedSaver(MultiDeviceSaver):
                 if self.rank_history is not None:  # exact versions name the values of now
                     self.versions = value_versions(
                         [st for sts in snapshot.tensors_by_task.values() for st in sts]
+                    )
+                    return _RankSnapshot(
+                        snapshot.tensors_by_task, self.rank_history, self.versions
                     )
                 return snapshot
             except Exception as exc:  # reported to every rank by save_snapshot
@@ -205,6 +217,79 @@ class DistributedSaver(MultiDeviceSaver):
         prefix_str = fspath(prefix)
         storage = storage or options.storage or storage_for(prefix_str, fsync=options.fsync)
         return _SaveRun(self, snapshot, prefix_str, options, storage, timing, started).run()
+
+
+@dataclass(frozen=True, slots=True)
+class _RankSnapshot(SaveSnapshot):
+    """One rank's values for an incremental save; an async save's copy skips unchanged ones.
+
+    The plan is made in the save, after the ranks agree on who writes what, so an async save
+    decides at the call only what it can alone: :meth:`copy` (called at the call) hashes every
+    value this rank holds and copies only those that differ from what this rank wrote last
+    time. The others stay *detached*: the owner may change them once the call returns, so the
+    plan never reads them (their tokens are the call's); they are linked from the previous
+    checkpoint, or, if they must be written, read back from it (same bytes: same digest).
+    """
+
+    history: SaveHistory | None = None
+    versions: Mapping[ValueKey, ValueVersion] | None = None
+    tokens: Mapping[ValueKey, Token] | None = None
+    """The values' tokens taken at the call (async saves), else None."""
+    detached: frozenset[ValueKey] = frozenset()
+    """Values unchanged at the call and not copied."""
+    _decided: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def _decide(self) -> tuple[Mapping[ValueKey, Token], frozenset[ValueKey]]:
+        """(every value's token at the call, those unchanged since this rank's last save)."""
+        if self.tokens is not None:  # a copy: decided at the call
+            return self.tokens, self.detached
+        if "tokens" not in self._decided and self.history is not None:
+            every = [st for sts in self.tensors_by_task.values() for st in sts]
+            tokens = value_tokens(every, self.versions)
+            self._decided["tokens"] = tokens
+            self._decided["unchanged"] = self.history.unchanged(tokens)
+        return self._decided.get("tokens", {}), self._decided.get("unchanged", frozenset())
+
+    @property
+    def nbytes(self) -> int:
+        # docstring inherited: the bytes a copy takes (unchanged values are not copied)
+        skip = self._decide()[1]
+        return sum(
+            st.tensor.nbytes
+            for sts in self.tensors_by_task.values()
+            for st in sts
+            if (st.checkpoint_key, st.slice_spec) not in skip
+        )
+
+    def copy(
+        self, buffers: MutableMapping[tuple[str, str], np.ndarray] | None = None
+    ) -> SaveSnapshot:
+        # docstring inherited: only the values that changed since this rank's last save
+        tokens, unchanged = self._decide()
+        changed = {
+            task: [st for st in sts if (st.checkpoint_key, st.slice_spec) not in unchanged]
+            for task, sts in self.tensors_by_task.items()
+        }
+        copies = iter(
+            st for sts in SaveSnapshot(changed).copy(buffers).tensors_by_task.values()
+            for st in sts
+        )  # fmt: skip
+        merged = {
+            task: [
+                st if (st.checkpoint_key, st.slice_spec) in unchanged else next(copies)
+                for st in sts
+            ]
+            for task, sts in self.tensors_by_task.items()
+        }
+        if tokens:
+            logger.debug("Async incremental save: %d value(s) unchanged at the call, not "
+                         "copied", len(unchanged))
+        return _RankSnapshot(merged, self.history, self.versions, tokens, unchanged)
+
+    def call_tokens(self) -> Mapping[ValueKey, Token] | None:
+        """The tokens taken at the call, if they were (an async save's :meth:`copy`, or its
+        :attr:`nbytes` before it saved synchronously); None: the plan hashes its values."""
+        return self.tokens if self.tokens is not None else self._decided.get("tokens")
 
 
 def _record(stats: metrics.WriteStats, timing: metrics.WriteTiming, *, coordinator: bool) -> None:
@@ -248,6 +333,11 @@ class _SaveRun:
         self.options = options
         self.storage = storage
         self.tensors = [st for sts in snapshot.tensors_by_task.values() for st in sts]
+        # An async incremental save's copy: tokens taken at the call, unchanged values uncopied.
+        self.call_tokens = (
+            snapshot.call_tokens() if isinstance(snapshot, _RankSnapshot) else None
+        )
+        self.detached = snapshot.detached if isinstance(snapshot, _RankSnapshot) else frozenset()
         self.error: BaseException | None = saver.error
         self.commit: AtomicCommit | None = None
         self.timing = timing
@@ -340,7 +430,7 @@ class _SaveRun:
         result = self.collective.broadcast(result, coordinator)
         self._check(result["errors"])
         if self.incremental is not None:  # committed: the next incremental save compares to it
-            record_incremental(self.incremental, self.prefix, self.storage)
+            record_incremental(self.incremental, self.prefix, self.storage, self.call_tokens)
         if not self.is_coordinator:
             # The checkpoint is committed: this rank's own callbacks (its CheckpointManager
             # follows the state file the coordinator's callbacks wrote).
@@ -406,7 +496,8 @@ class _SaveRun:
             # Incremental: the single-process engine, on the values this rank writes.
             self.incremental = prepare_incremental(
                 self.history, SaveSnapshot({"": tensors}), self.prefix, self.options,
-                self.storage, versions=self.saver.versions or {},
+                self.storage, versions=self.saver.versions or {}, tokens=self.call_tokens,
+                detached=self.detached & {(st.checkpoint_key, st.slice_spec) for st in tensors},
             )  # fmt: skip
             self.plan = plan_of(self.incremental)
         began = time.perf_counter()

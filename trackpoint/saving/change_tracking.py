@@ -58,8 +58,6 @@ _SEGMENT_BYTES = 32 << 20
 # Below this many bytes per save, hashing on one thread beats handing work to others.
 _PARALLEL_BYTES = 16 << 20
 _MAX_HASH_THREADS = 4
-# Smaller arrays are hashed by the calling thread while the pool hashes the large ones.
-_JOB_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -116,13 +114,19 @@ def _string_bytes(item: Any) -> bytes:
     return repr(item).encode("utf-8")  # never stored: the save refuses it; just distinct
 
 
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {}  # dtype.name is computed in Python at each call
+
+
 def _header(array: np.ndarray) -> tuple[np.ndarray, bytes | None]:
     """(the array as the file stores numbers: little-endian, at least 1-D; its header), or
     (the array, None) for strings."""
     dtype = array.dtype
     if dtype.hasobject or dtype.kind in "SUT":
         return array, None
-    header = f"{dtype.name}{array.shape}".encode()
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    header = f"{name}{array.shape}".encode()
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big"):
         array = array.astype(dtype.newbyteorder("<"))
     return (array.reshape(1) if array.ndim == 0 else array), header
@@ -228,37 +232,50 @@ def _digests(arrays: Sequence[np.ndarray]) -> list[bytes]:
     """``content_digest`` of each array; large inputs on several threads.
 
     xxhash releases the GIL while it hashes, so the threads hash at once: the work is cut into
-    jobs of whole small arrays and 32 MiB runs of large ones, largest first.
+    jobs of whole arrays and 32 MiB runs of large ones, taken largest first by the calling
+    thread and ``threads - 1`` pool threads alike (no thread waits while others hash, and one
+    pool task per thread rather than one per job).
     """
     total = sum(int(a.nbytes) for a in arrays)
     if total < _PARALLEL_BYTES or _hash_threads() < 2:
         return [content_digest(a) for a in arrays]
     prepared = [_header(a) for a in arrays]
     jobs: list[tuple[int, int, int, int]] = []  # (bytes, array index, start, stop; -1: whole)
-    here: list[tuple[int, int, int, int]] = []  # small arrays: hashed by this thread meanwhile
     segments: list[list[tuple[int, int]]] = []
     for i, (array, header) in enumerate(prepared):
         runs = _segments(array) if header is not None else []
         segments.append(runs)
         if not runs:
-            nbytes = int(array.nbytes)
-            (jobs if nbytes >= _JOB_BYTES else here).append((nbytes, i, -1, -1))
+            jobs.append((int(array.nbytes), i, -1, -1))
         for start, stop in runs:
             jobs.append((int(array[start:stop].nbytes), i, start, stop))
     jobs.sort(key=lambda job: -job[0])
+    results: dict[tuple[int, int], bytes] = {}
+    queue = iter(jobs)
+    lock = threading.Lock()
 
-    def run(job: tuple[int, int, int, int]) -> bytes:
-        _, i, start, stop = job
-        array, header = prepared[i]
-        if header is None:
-            return _hash_strings(array)
-        if start < 0:
-            return xxhash.xxh3_128_digest(header + _hash_rows(array))
-        return _hash_rows(array, start, stop)
+    def work() -> None:
+        while True:
+            with lock:
+                job = next(queue, None)
+            if job is None:
+                return
+            _, i, start, stop = job
+            array, header = prepared[i]
+            if header is None:
+                digest = _hash_strings(array)
+            elif start < 0:
+                digest = xxhash.xxh3_128_digest(header + _hash_rows(array))
+            else:
+                digest = _hash_rows(array, start, stop)
+            results[(i, start)] = digest
 
-    pending = _executor().map(run, jobs)  # submitted at once; results in order below
-    results = {(j[1], j[2]): run(j) for j in here}
-    results.update(zip([(j[1], j[2]) for j in jobs], pending))
+    helpers = [_executor().submit(work) for _ in range(_hash_threads() - 1)]
+    try:
+        work()
+    finally:
+        for helper in helpers:
+            helper.result()  # re-raises a helper's error
     out = []
     for i, (_, header) in enumerate(prepared):
         if not segments[i]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +108,9 @@ class _Baseline:
     file_sizes: tuple[int, ...] | None = None
     parsed: PreviousCheckpoint | None = None
     """Its index as read back after the commit (reused while the index bytes are the same)."""
+    held: Mapping[ValueKey, Token] | None = None
+    """Tokens of every value the saving process held (a rank of a distributed save also holds
+    values another rank wrote), when known; else those of ``tokens``."""
 
 
 class SaveHistory:
@@ -139,6 +142,18 @@ class SaveHistory:
             return frozenset()
         return frozenset(baseline.tokens)
 
+    def unchanged(self, tokens: Mapping[ValueKey, Token]) -> frozenset[ValueKey]:
+        """The values of ``tokens`` certainly equal to the ones this history's last save wrote.
+
+        An async distributed save asks at the call, so that it copies only the other values
+        (``trackpoint.distributed``); after a restore (no recorded tokens) none are.
+        """
+        baseline = self._baseline
+        if baseline is None or baseline.tokens is None:
+            return frozenset()
+        recorded = baseline.held if baseline.held is not None else baseline.tokens
+        return frozenset(k for k, token in tokens.items() if same_token(recorded.get(k), token))
+
     def restored(self, prefix: str, storage: Storage | None) -> None:
         """``prefix`` was just restored: the next save compares values with its bytes."""
         with self._lock:
@@ -149,8 +164,16 @@ class SaveHistory:
         with self._lock:
             self._baseline = None
 
-    def written(self, prefix: str, storage: Storage, tokens: dict[ValueKey, Token]) -> None:
-        """Record the committed checkpoint ``prefix`` and the tokens of its values.
+    def written(
+        self,
+        prefix: str,
+        storage: Storage,
+        tokens: dict[ValueKey, Token],
+        held: Mapping[ValueKey, Token] | None = None,
+    ) -> None:
+        """Record the committed checkpoint ``prefix`` and the tokens of the values written.
+
+        ``held``: the tokens of every value the process held, if taken (see :meth:`unchanged`).
 
         Never raises (the checkpoint is committed): a failure to read back its index is
         logged and only makes the next save write everything.
@@ -168,7 +191,10 @@ class SaveHistory:
             self.forget()
             return
         with self._lock:
-            self._baseline = _Baseline(prefix, storage, tokens, _digest(index), sizes, previous)
+            self._baseline = _Baseline(
+                prefix, storage, tokens, _digest(index), sizes, previous,
+                {**held, **tokens} if held is not None else None,
+            )  # fmt: skip
 
     def _load(self, storage: Storage) -> tuple[_Baseline, PreviousCheckpoint] | None:
         """The baseline and its index, if the checkpoint is still there as recorded."""
@@ -277,27 +303,42 @@ def prepare_incremental(
     storage: Storage | None = None,
     *,
     versions: Mapping[ValueKey, ValueVersion] | None = None,
+    tokens: Mapping[ValueKey, Token] | None = None,
+    detached: Collection[ValueKey] = (),
 ) -> SaveSnapshot:
     """``snapshot`` reduced to what an incremental save must write, with its plan.
 
     Unchanged: without ``options.incremental`` or a history, or if already planned.
     ``versions``: the values' exact versions, if taken when they were snapshotted (a
     distributed save plans after the ranks agree on who writes what, possibly on copies);
-    by default they are taken now.
+    by default they are taken now. ``tokens``: tokens taken earlier (at an async call); the
+    values without one are hashed now. ``detached``: values found unchanged at the call and
+    not copied, whose arrays may have changed since: they are never read; one that cannot be
+    linked is written from the bytes of the previous checkpoint (equal to its value at the
+    call: its digest matched).
     """
     if history is None or not options.incremental or plan_of(snapshot) is not None:
         return snapshot
     if getattr(snapshot, "shards", ()):
         return snapshot  # a staged snapshot was planned before it was staged
     storage = storage or options.storage or storage_for(prefix, fsync=options.fsync)
-    return _Planner(history, storage, versions).plan(snapshot)
+    return _Planner(history, storage, versions, tokens, detached).plan(snapshot)
 
 
-def record_incremental(snapshot: SaveSnapshot, prefix: str, storage: Storage) -> None:
-    """After the commit of ``prefix``: make it the baseline of the next incremental save."""
+def record_incremental(
+    snapshot: SaveSnapshot,
+    prefix: str,
+    storage: Storage,
+    held: Mapping[ValueKey, Token] | None = None,
+) -> None:
+    """After the commit of ``prefix``: make it the baseline of the next incremental save.
+
+    ``held``: tokens of values the process held but did not write (see
+    :meth:`SaveHistory.unchanged`).
+    """
     plan = plan_of(snapshot)
     if plan is not None:
-        plan.history.written(prefix, _unwrap(storage), plan.tokens)
+        plan.history.written(prefix, _unwrap(storage), plan.tokens, held)
 
 
 class _Planner:
@@ -308,15 +349,26 @@ class _Planner:
         history: SaveHistory,
         storage: Storage,
         versions: Mapping[ValueKey, ValueVersion] | None = None,
+        tokens: Mapping[ValueKey, Token] | None = None,
+        detached: Collection[ValueKey] = (),
     ) -> None:
         self.history = history
         self.storage = storage
         self.versions = versions
+        self.given = tokens or {}
+        self.detached = frozenset(detached)
         self._reader: BundleReader | None = None
 
     def plan(self, snapshot: SaveSnapshot) -> IncrementalSnapshot:
         every = [st for tensors in snapshot.tensors_by_task.values() for st in tensors]
-        tokens = value_tokens(every, self.versions)
+        given = self.given
+        missing = [st for st in every if (st.checkpoint_key, st.slice_spec) not in given]
+        tokens = value_tokens(missing, self.versions)
+        if given:
+            tokens.update(
+                (k, given[k]) for k in ((st.checkpoint_key, st.slice_spec) for st in every)
+                if k in given
+            )  # fmt: skip
         loaded = self.history._load(self.storage)
         unchanged: dict[ValueKey, list[Piece]] = {}
         if loaded is not None:
@@ -327,12 +379,20 @@ class _Planner:
                     pieces = previous.pieces_of(st)
                     if pieces is not None and self._unchanged(st, tokens[key], baseline):
                         unchanged[key] = pieces
+                linked = self._reusable(previous, unchanged)
+                if self.detached:
+                    snapshot = self._attach(snapshot, unchanged, linked, tokens)
             finally:
                 if self._reader is not None:
                     self._reader.close()
-            linked = self._reusable(previous, unchanged)
         else:
             previous, linked = None, []
+            if self.detached:
+                try:
+                    snapshot = self._attach(snapshot, unchanged, linked, tokens)
+                finally:
+                    if self._reader is not None:
+                        self._reader.close()
         reused = {id(p) for f in linked for p in f.pieces}
         to_write: dict[str, list[ShardableTensor]] = {}
         groups = _Groups()
@@ -360,6 +420,66 @@ class _Planner:
                 sum(len(t) for t in to_write.values()),
             )
         return IncrementalSnapshot(to_write, plan)
+
+    def _attach(
+        self,
+        snapshot: SaveSnapshot,
+        unchanged: Mapping[ValueKey, list[Piece]],
+        linked: Sequence[LinkedFile],
+        tokens: Mapping[ValueKey, Token],
+    ) -> SaveSnapshot:
+        """``snapshot`` with every detached value that is not linked read back from the
+        previous checkpoint (its array may have changed since the call).
+
+        Raises:
+            CheckpointError: the previous checkpoint cannot give the value (gone, damaged, or
+                not the bytes whose digest was taken at the call).
+        """
+        reused = {id(p) for f in linked for p in f.pieces}
+        baseline = self.history._baseline
+        out: dict[str, list[ShardableTensor]] = {}
+        for task, tensors in snapshot.tensors_by_task.items():
+            kept = out.setdefault(task, [])
+            for st in tensors:
+                key = (st.checkpoint_key, st.slice_spec)
+                pieces = unchanged.get(key)
+                if key not in self.detached or (
+                    pieces is not None and all(id(p) in reused for p in pieces)
+                ):
+                    kept.append(st)
+                    continue
+                stored = self._stored(st, baseline.prefix) if baseline is not None else None
+                token = tokens.get(key)
+                if stored is None or (
+                    isinstance(token, bytes) and content_digest(stored) != token
+                ):
+                    where = baseline.prefix if baseline is not None else "(none)"
+                    raise CheckpointError(
+                        f"value {st.checkpoint_key!r} was unchanged at the call of this async "
+                        f"save and not copied, but the previous checkpoint {where} no longer "
+                        "holds it; save again (the next save copies or writes every value)",
+                        key=st.checkpoint_key,
+                    )
+                kept.append(st._replace(tensor=stored))
+        return SaveSnapshot(out)
+
+    def _stored(self, st: ShardableTensor, prefix: str) -> np.ndarray | None:
+        """``st``'s value as stored in checkpoint ``prefix`` (checksums verified), or None."""
+        try:
+            if self._reader is None:
+                self._reader = BundleReader(prefix, storage=self.storage)
+            box = value_box(st)[1]
+            stored = (
+                self._reader.read(st.checkpoint_key)
+                if box is None
+                else self._reader.read_slice(st.checkpoint_key, box)
+            )
+        except CheckpointError:
+            return None
+        array = np.asarray(stored)
+        if array.dtype != st.tensor.dtype or array.shape != st.tensor.shape:
+            return None
+        return array
 
     def _unchanged(self, st: ShardableTensor, token: Token, baseline: _Baseline) -> bool:
         if baseline.tokens is not None:

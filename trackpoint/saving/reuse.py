@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from trackpoint.bundle.dtypes import datatype_for
 from trackpoint.bundle.entries import make_entry, make_header, parse_entry, parse_header
@@ -108,6 +109,7 @@ class PreviousCheckpoint:
         self.full: dict[str, BundleEntryProto] = {}
         self.pieces_by_key: dict[str, list[Piece]] = {}
         self.pieces_by_shard: dict[int, list[Piece]] = {}
+        self._datatypes: dict[Any, int] = {}  # numpy dtype -> DataType, looked up once
         for raw_key, value in pairs[1:]:
             if raw_key[:1] == b"\x00":
                 continue  # slice entries are reached from their full entry
@@ -144,11 +146,13 @@ class PreviousCheckpoint:
         stored = self.full.get(st.checkpoint_key)
         if stored is None:
             return None
-        full_shape, box = value_box(st)
-        try:
-            datatype = datatype_for(st.dtype, key=st.checkpoint_key)
-        except CheckpointError:
-            return None
+        full_shape, box = value_box(st) if st.slice_spec else (tuple(st.shape), None)
+        datatype = self._datatypes.get(st.dtype)
+        if datatype is None:
+            try:
+                datatype = self._datatypes[st.dtype] = datatype_for(st.dtype)
+            except CheckpointError:
+                return None
         if int(stored.dtype) != int(datatype) or tuple(d.size for d in stored.shape.dim) != tuple(
             full_shape
         ):
