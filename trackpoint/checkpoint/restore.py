@@ -41,6 +41,8 @@ import numpy as np
 
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.bundle.reader import BundleReader
+from trackpoint.checkpoint.restore_bulk import NO_CHILDREN as _NO_CHILDREN
+from trackpoint.checkpoint.restore_bulk import plan_variables, queue_all_children
 from trackpoint.checkpoint.restore_plan import RestorePlan, WalkRecord
 from trackpoint.checkpoint.saved_graph import SavedGraph
 from trackpoint.checkpoint.unrestored import WarningState, warn_unrestored
@@ -75,7 +77,6 @@ logger = logging.getLogger("trackpoint.checkpoint")
 _PLAIN_LOOKUP = Trackable._lookup_dependency
 _CONTAINER_LOOKUP = TrackableDataStructure._lookup_dependency
 _PLAIN_CHILDREN = Trackable._trackable_children
-_NO_CHILDREN: Mapping[str, Trackable] = {}  # shared by every leaf of a WalkRecord (read-only)
 
 _Queue = list[tuple[int, Trackable]]
 """The walk's queue: ``(node id, bound object)``, iterated while it grows (breadth first)."""
@@ -364,7 +365,18 @@ class CheckpointPosition:
         queue: _Queue = record.queue if record is not None else []
         queue.append((self._proto_id, trackable))
         plain_variables = Variable._trackable_children is _PLAIN_CHILDREN
-        for index, (node_id, trackable) in enumerate(queue):
+        index, bulk_from = -1, 1  # queue entries before bulk_from are not tried in bulk again
+        while index + 1 < len(queue):
+            index += 1
+            node_id, trackable = queue[index]
+            if (
+                index >= bulk_from and type(trackable) is Variable and plain_variables
+                and not (slot_tables[0] or slot_tables[1])
+            ):
+                done, bulk_from = plan_variables(plan, queue, index, nodes, uid, record)
+                if done:
+                    index += done - 1
+                    continue
             node = nodes[node_id]
             general = True
             if type(trackable) is Variable:
@@ -432,6 +444,10 @@ class CheckpointPosition:
         lookup = type(trackable)._lookup_dependency
         direct = lookup is _PLAIN_LOOKUP or lookup is _CONTAINER_LOOKUP  # children.get(name)
         fallback = lookup is not _PLAIN_LOOKUP  # and else, or if None, the object's own lookup
+        if direct and len(node_children) >= 16 and queue_all_children(
+            coordinator, plan, queue, node_children, children, record
+        ):
+            return
         found: list[str] = []  # names of live children met, in the checkpoint's order
         add_found = found.append if record is not None else None
         for child in node_children:

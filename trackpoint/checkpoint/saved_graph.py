@@ -13,6 +13,8 @@ is reused. The graph is immutable once made; coordinators of several reads share
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
     from trackpoint.bundle.reader import BundleReader
 
 __all__ = ["SavedGraph", "SlotVariable"]
+
+_SLOT_VARIABLES = operator.attrgetter("slot_variables")
 
 SlotVariable = tuple[int, int, int, str]
 """``(optimizer node, original variable node, slot variable node, slot name)``."""
@@ -80,11 +84,14 @@ class SavedGraph:
     def slot_variables(self) -> list[SlotVariable]:
         """Every slot variable the graph lists, in node order of the optimizers."""
         if self._slots is None:
+            nodes = self.proto.nodes
+            # Which nodes list slots, asked through map (no bytecode per node): most have none.
+            counts = list(map(len, map(_SLOT_VARIABLES, nodes)))
             self._slots = [
                 (node_id, slot.original_variable_node_id, slot.slot_variable_node_id,
                  slot.slot_name)
-                for node_id, node in enumerate(self.proto.nodes) if node.slot_variables
-                for slot in node.slot_variables
+                for node_id in itertools.compress(range(len(counts)), counts)
+                for slot in nodes[node_id].slot_variables
             ]  # fmt: skip
         return self._slots
 

@@ -15,8 +15,10 @@ at the call.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import chain, repeat
 from typing import Any
 
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
@@ -24,12 +26,13 @@ from trackpoint.bundle.table import encode_varint
 from trackpoint.graph.keys import OBJECT_ATTRIBUTES_NAME, OBJECT_GRAPH_KEY, escape_local_name
 from trackpoint.graph.structure import StructureSnapshot
 from trackpoint.graph.walk import (
+    GraphWalk,
     ObjectGraphView,
     check_slot_variables_reachable,
     readable_path,
     walk_graph,
 )
-from trackpoint.tracking.base import NotTrackable, Trackable
+from trackpoint.tracking.base import VARIABLE_VALUE_KEY, NotTrackable, Trackable
 from trackpoint.tracking.base import has_values as has_values_of
 from trackpoint.tracking.python_state import string_scalar
 from trackpoint.tracking.save_check import SaveChecked
@@ -146,17 +149,24 @@ def _slot_ref(variable_id: int, slot_name: str, slot_id: int) -> bytes:
 
 
 def _has_checkpoint_values(edges: list[list[int]], marked: list[bool]) -> list[bool]:
-    """``marked`` (nodes with values, slots or a registered saver) spread to all ancestors."""
-    parents: dict[int, list[int]] = {}
-    for node_id, child_ids in enumerate(edges):
-        for child in child_ids:
-            parents.setdefault(child, []).append(node_id)
-    queue = [i for i, flag in enumerate(marked) if flag]
-    while queue:
-        for parent in parents.pop(queue.pop(), ()):
-            if not marked[parent]:
-                marked[parent] = True
-                queue.append(parent)
+    """``marked`` (nodes with values, slots or a registered saver) spread to all ancestors.
+
+    A node is set when one of its children is, until nothing changes; nodes are visited
+    deepest first (breadth-first ids: children mostly after their parents), so a tree takes
+    one pass, and only unset nodes with children are visited at all.
+    """
+    pending = [node for node, child_ids in enumerate(edges) if child_ids and not marked[node]]
+    pending.reverse()
+    changed = True
+    while changed and pending:
+        changed = False
+        still = []
+        for node in pending:
+            if any(map(marked.__getitem__, edges[node])):
+                marked[node] = changed = True
+            else:
+                still.append(node)
+        pending = still
     return marked
 
 
@@ -194,20 +204,30 @@ def _serialize_walk(
     """``serialize_graph`` from a new walk; leaves a :class:`_Reuse` on ``view`` when it can."""
     walk = walk_graph(view)
     check_slot_variables_reachable(walk)
-    tensors = TensorsByTrackable()
+    objects = walk.objects
+    count = len(objects)
     reusable = registered_saver_for is None  # slot owners turn it off below
-    plan: list[tuple[int, tuple[str, ...], tuple[str, ...]]] = []
+    # Variables without children take the bulk path (below); every other node this loop.
+    bulk = _plain_variables(walk) if registered_saver_for is None else []
+    if bulk:
+        in_bulk = set(bulk)
+        others = [index for index in range(count) if index not in in_bulk]
+    else:
+        others = list(range(count))
+    pairs: list[Any] = [None] * count  # (trackable, {key: value}) of nodes with values
+    plan_at: list[Any] = [None] * count
     checks: list[tuple[int, str]] = []
     registered: dict[str, dict[str, Trackable]] = {}
-    bodies: list[bytes] = []  # each node's fields 1-4
-    edges: list[list[int]] = []
-    marked: list[bool] = []
+    bodies: list[bytes] = [b""] * count  # fields 1-4 of each node; a bulk node's whole encoding
+    edges: list[list[int]] = [_NO_EDGES] * count
+    marked: list[bool] = [True] * count  # bulk nodes have a value
     node_ids, names, children = walk.node_ids, walk.names, walk.children
     # value name -> (escaped, its encoded name field): a few names recur
     escaped_names: dict[str, tuple[str, bytes]] = {}
     # type -> (NotTrackable, SaveChecked, SlotOwner, has values, Variable): asked once per type
     kinds: dict[type, tuple[bool, bool, bool, bool, bool]] = {}
-    for index, obj in enumerate(walk.objects):
+    for index in others:
+        obj = objects[index]
         kind = kinds.get(type(obj))
         if kind is None:
             kind = kinds[type(obj)] = (
@@ -234,8 +254,8 @@ def _serialize_walk(
             reusable = False  # its slots are not part of the structure a snapshot checks
         refs = children[index] if index < len(children) else []
         if refs:
-            child_ids = [node_ids[id(ref.ref)] for ref in refs]
-            parts = [_child_ref(i, ref.name) for i, ref in zip(child_ids, refs)]
+            child_ids = list(map(node_ids.__getitem__, map(id, map(_REFERENT, refs))))
+            parts = [_child_refs(child_ids, list(map(_LOCAL_NAME, refs)))]
         else:  # a leaf, most nodes of a large model
             child_ids, parts = [], []
         slots = walk.slot_refs.get(id(obj), ())
@@ -264,24 +284,134 @@ def _serialize_walk(
                 key = f"{object_name}/{OBJECT_ATTRIBUTES_NAME}/{escaped}"  # checkpoint_key()
                 attributes.append(_attribute(name_field, full_name, key))
                 values[key] = value
-            tensors.add(obj, values)
-            plan.append((index, tuple(live), tuple(values)))
+            pairs[index] = (obj, values)
+            plan_at[index] = (index, tuple(live), tuple(values))
             has_values = bool(attributes)
             # Field order: children (1), attributes (2), slot variables (3).
-            parts[len(refs) : len(refs)] = attributes
-        bodies.append(b"".join(parts))
-        edges.append(child_ids)
-        marked.append(has_values or bool(slots))
+            parts[1 if refs else 0 : 1 if refs else 0] = attributes
+        bodies[index] = b"".join(parts)
+        edges[index] = child_ids
+        marked[index] = has_values or bool(slots)
+    if bulk:
+        _serialize_variables(bulk, objects, names, bodies, pairs, plan_at)
     flags = _has_checkpoint_values(edges, marked)
-    graph = b"".join(
-        _field(b"\x0a", body + _HAS_VALUES[flag]) for body, flag in zip(bodies, flags)
-    )
+    for index in others:
+        bodies[index] = _node(bodies[index], flags[index])
+    graph = b"".join(bodies)  # the bulk variables' nodes are whole already
+    tensors = TensorsByTrackable([pair for pair in pairs if pair is not None])
     tensors.add(None, {OBJECT_GRAPH_KEY: string_scalar(graph)})
     if reusable:
         snapshot = StructureSnapshot.capture(view, walk.objects, walk.children)
         if snapshot is not None:
+            plan = [step for step in plan_at if step is not None]
             view.save_reuse = _Reuse(snapshot, graph, plan, checks)
     return SerializedGraph(graph, tensors, registered, tuple(walk.objects))
+
+
+_NO_EDGES: list[int] = []  # shared by every leaf; never mutated
+_LOCAL_NAME = operator.itemgetter(0)  # TrackableReference.name
+_REFERENT = operator.itemgetter(1)  # TrackableReference.ref
+_VALUE_OF = operator.attrgetter("_value")  # Variable's array
+_NAME_OF = operator.attrgetter("_name")  # Variable.name
+_KIND_OF = operator.attrgetter("_value.dtype.kind")
+_VARIABLE_NAMES = (VARIABLE_VALUE_KEY,)  # what Variable._serialize_to_tensors names
+_SEPARATOR = "\x00"  # joins texts to encode them in one call
+
+
+def _node(body: bytes, has_values: bool) -> bytes:
+    """One ``TrackableObject`` as field 1 of the graph: its fields 1-4, then field 5."""
+    return _field(b"\x0a", body + _HAS_VALUES[has_values])
+
+
+def _plain_variables(walk: GraphWalk) -> list[int]:
+    """Node ids of the :class:`Variable` nodes (exactly that class) without children whose
+    value ``Variable._serialize_to_tensors`` returns as it is: the bulk of a large model."""
+    objects, children = walk.objects, walk.children
+    listed = len(children)
+    found = [
+        index for index, kind in enumerate(map(type, objects))
+        if kind is Variable and (index >= listed or not children[index])
+    ]
+    variables = list(map(objects.__getitem__, found))
+    if "T" in set(map(_KIND_OF, variables)):  # StringDType: saved as an object array
+        found = [index for index, kind in zip(found, map(_KIND_OF, variables)) if kind != "T"]
+    return found
+
+
+def _serialize_variables(
+    bulk: list[int],
+    objects: list[Trackable],
+    names: dict[int, str],
+    nodes: list[bytes],
+    pairs: list[Any],
+    plan_at: list[Any],
+) -> None:
+    """What the loop of ``_serialize_walk`` does for each plain variable, one pass per list:
+    its value under ``<object path>/.ATTRIBUTES/VARIABLE_VALUE`` and its whole encoded node
+    (one attribute, ``has_checkpoint_values`` true), as ``_attribute`` and ``_node`` write it."""
+    variables = list(map(objects.__getitem__, bulk))
+    escaped = escape_local_name(VARIABLE_VALUE_KEY)
+    suffix = f"/{OBJECT_ATTRIBUTES_NAME}/{escaped}"  # checkpoint_key()
+    keys = list(map(operator.add, map(names.__getitem__, map(id, variables)), repeat(suffix)))
+    name_field = _name_field(escaped)
+    # Fields 1 and 2 (name, full_name) of the SerializedTensor, per distinct variable name.
+    heads: dict[str, bytes] = {}
+    for full_name in set(map(_NAME_OF, variables)):
+        data = full_name.encode("utf-8")
+        heads[full_name] = name_field + (b"\x12" + _varint(len(data)) + data if full_name else b"")
+    head_of = list(map(heads.__getitem__, map(_NAME_OF, variables)))
+    encoded = _encode_all(keys)
+    sizes = list(map(len, encoded))
+    # Everything before the key's bytes, per distinct (head, key size): a few in all.
+    before: dict[tuple[bytes, int], bytes] = {}
+    for head, size in set(zip(head_of, sizes)):
+        body_size = len(head) + 1 + len(_varint(size)) + size  # the SerializedTensor
+        node_size = 1 + len(_varint(body_size)) + body_size + len(_HAS_VALUES[True])
+        before[head, size] = (
+            b"\x0a" + _varint(node_size) + b"\x12" + _varint(body_size) + head + b"\x1a"
+            + _varint(size)
+        )  # fmt: skip
+    starts = map(before.__getitem__, zip(head_of, sizes))
+    encoded_nodes = map(operator.add, map(operator.add, starts, encoded), repeat(_HAS_VALUES[True]))
+    values = map(_VALUE_OF, variables)
+    new_pairs = zip(variables, map(dict, zip(zip(keys, values))))  # (variable, {key: value})
+    steps = zip(bulk, repeat(_VARIABLE_NAMES), zip(keys))  # as _Reuse plans each
+    if bulk[-1] - bulk[0] + 1 == len(bulk):  # one run of nodes (ascending, distinct): slices
+        where = slice(bulk[0], bulk[-1] + 1)
+        nodes[where], pairs[where], plan_at[where] = encoded_nodes, new_pairs, steps
+        return
+    for index, node, pair, step in zip(bulk, encoded_nodes, new_pairs, steps):
+        nodes[index], pairs[index], plan_at[index] = node, pair, step
+
+
+def _encode_all(texts: list[str]) -> list[bytes]:
+    """Each of ``texts`` in UTF-8 (one encode call when no text holds the separator)."""
+    joined = _SEPARATOR.join(texts)
+    if joined.count(_SEPARATOR) != len(texts) - 1:
+        return [text.encode("utf-8") for text in texts]
+    return joined.encode("utf-8").split(_SEPARATOR.encode("utf-8"))
+
+
+def _child_refs(child_ids: list[int], local_names: list[str]) -> bytes:
+    """Field 1 of a node: ``_child_ref`` of each child, in order (one pass per list for a
+    node with many children)."""
+    if len(child_ids) < 16 or 0 in child_ids or "" in local_names:
+        return b"".join(map(_child_ref, child_ids, local_names))
+    encoded = _encode_all(local_names)
+    sizes = list(map(len, encoded))
+    ids = list(map(encode_varint, child_ids))
+    body_sizes = list(map(operator.add, map(len, ids), map(operator.add, repeat(3), sizes)))
+    if max(body_sizes) >= 128:  # long names: lengths of two bytes
+        return b"".join(map(_child_ref, child_ids, local_names))
+    small = _SMALL.__getitem__
+    return b"".join(
+        chain.from_iterable(
+            zip(
+                repeat(b"\x0a"), map(small, body_sizes), repeat(b"\x08"), ids,
+                repeat(b"\x12"), map(small, sizes), encoded,
+            )
+        )
+    )  # fmt: skip
 
 
 class _Reuse:

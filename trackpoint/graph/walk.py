@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import collections
 import copy
+import operator
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -121,15 +123,21 @@ class ObjectGraphView:
         Raises:
             InvalidArgumentError: a child is neither a Trackable nor adaptable.
         """
-        children = []
-        for name, child in obj._trackable_children().items():
-            trackable = to_trackable(child)
-            if trackable is None:
-                raise InvalidArgumentError(
-                    f"{type(obj).__name__}._trackable_children() returned {child!r} of type "
-                    f"{type(child).__name__} under {name!r}, which is not trackable"
-                )
-            children.append(TrackableReference(name, trackable))
+        named = obj._trackable_children()
+        if all(issubclass(kind, Trackable) for kind in set(map(type, named.values()))):
+            # Every child is a Trackable already (a container of 100,000 variables): the
+            # references are built in C (a NamedTuple's __new__ is a Python function).
+            children = list(map(tuple.__new__, repeat(TrackableReference), named.items()))
+        else:
+            children = []
+            for name, child in named.items():
+                trackable = to_trackable(child)
+                if trackable is None:
+                    raise InvalidArgumentError(
+                        f"{type(obj).__name__}._trackable_children() returned {child!r} of "
+                        f"type {type(child).__name__} under {name!r}, which is not trackable"
+                    )
+                children.append(TrackableReference(name, trackable))
         root = self._root
         if obj is root or (isinstance(root, weakref.ref) and obj is self.root):
             for ref in self._attached:
@@ -154,30 +162,68 @@ class ObjectGraphView:
         paths: dict[int, tuple[TrackableReference, ...]] = {id(root): ()}
         names: dict[int, str] = {id(root): ""}
         children: list[list[TrackableReference]] = []
-        queue = collections.deque([root])
+        add_children = children.append
         plain = Trackable._trackable_children
-        while queue:
-            current = queue.popleft()
+        # The queue is `objects` itself: breadth first, each object is appended once.
+        index = 0
+        while index < len(objects):
+            current = objects[index]
+            index += 1
             if (
                 current is not root
                 and type(current)._trackable_children is plain
-                and getattr(current, "_self_dependencies", None) == []
+                and not getattr(current, "_self_dependencies", None)
             ):  # a leaf such as a variable (most objects of a large model): nothing to list
-                children.append([])
+                add_children(_NO_CHILDREN)
                 continue
             refs = self.list_children(current)
-            children.append(refs)
-            base_path = paths[id(current)]
-            base_name = names[id(current)]
-            for ref in refs:
-                child = ref.ref
-                if id(child) not in paths:
-                    paths[id(child)] = (*base_path, ref)
-                    escaped = escape_local_name(ref.name)
-                    names[id(child)] = f"{base_name}/{escaped}" if base_name else escaped
-                    objects.append(child)
-                    queue.append(child)
+            add_children(refs)
+            if refs:
+                _add_new_children(refs, paths[id(current)], names[id(current)], objects, paths,
+                                  names)  # fmt: skip
         return _Traversal(objects, paths, names, children)
+
+
+_NO_CHILDREN: list[TrackableReference] = []  # shared by every leaf; never mutated
+_LOCAL_NAME = operator.itemgetter(0)  # TrackableReference.name
+_REFERENT = operator.itemgetter(1)  # TrackableReference.ref
+_SEPARATOR = "\x00"  # joins local names to escape them in one call
+
+
+def _add_new_children(
+    refs: list[TrackableReference],
+    base_path: tuple[TrackableReference, ...],
+    base_name: str,
+    objects: list[Trackable],
+    paths: dict[int, tuple[TrackableReference, ...]],
+    names: dict[int, str],
+) -> None:
+    """Append the children in ``refs`` not seen before to the walk, with their paths and
+    object path strings; a child reached twice keeps its first path."""
+    ids = list(map(id, map(_REFERENT, refs)))
+    local_names = list(map(_LOCAL_NAME, refs))
+    joined = _SEPARATOR.join(local_names)
+    if (
+        len(refs) < 16
+        or joined.count(_SEPARATOR) != len(refs) - 1  # a name holds the separator
+        or not paths.keys().isdisjoint(ids)
+        or len(set(ids)) != len(ids)
+    ):
+        for child_id, ref in zip(ids, refs):
+            if child_id not in paths:
+                paths[child_id] = (*base_path, ref)
+                escaped = escape_local_name(ref.name)
+                names[child_id] = f"{base_name}/{escaped}" if base_name else escaped
+                objects.append(ref.ref)
+        return
+    # Many children, all new and distinct (a large container): the same, one pass per list.
+    # Escaping only replaces "." and "/", so the joined names escape as each name would.
+    escaped_names = escape_local_name(joined).split(_SEPARATOR)
+    if base_name:
+        escaped_names = list(map(operator.add, repeat(base_name + "/"), escaped_names))
+    paths.update(zip(ids, map(operator.add, repeat(base_path), zip(refs))))
+    names.update(zip(ids, escaped_names))
+    objects.extend(map(_REFERENT, refs))
 
 
 @dataclass(slots=True)
@@ -204,7 +250,7 @@ class GraphWalk:
 def walk_graph(view: ObjectGraphView, *, skip_slot_variables: bool = False) -> GraphWalk:
     traversal = view._traverse()
     objects = traversal.objects
-    node_ids = {id(obj): i for i, obj in enumerate(objects)}
+    node_ids = dict(zip(map(id, objects), range(len(objects))))
     walk = GraphWalk(objects, traversal.paths, traversal.names, node_ids, traversal.children, {})
     if not skip_slot_variables:
         _add_slot_variables(walk)

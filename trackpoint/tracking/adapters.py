@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import importlib
 import logging
+import operator
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trackpoint.errors import InvalidArgumentError
@@ -35,12 +36,14 @@ from trackpoint.tracking.base import Trackable
 
 __all__ = [
     "AdapterFactory",
+    "BatchAdapterFactory",
     "claims_structure",
     "is_adaptable",
     "register_adapter",
     "register_lazy_integration",
     "register_structure_adapter",
     "to_trackable",
+    "to_trackables",
 ]
 
 logger = logging.getLogger(__name__)
@@ -48,11 +51,19 @@ logger = logging.getLogger(__name__)
 AdapterFactory = Callable[[Any], "Trackable"]
 """Turns one framework object into a Trackable that saves and restores it (in place)."""
 
-# Explicit registries (STYLE.md §1): factories by type, and the live adapter of each adapted
-# object, keyed by id(). An adapter holds its object, so while the adapter lives the id cannot
-# be reused; the entry disappears with the adapter.
+BatchAdapterFactory = Callable[[list[Any]], Sequence["Trackable"]]
+"""Turns a list of objects of one type into their adapters, as the factory would one by one."""
+
+# Explicit registries (STYLE.md §1): factories by type, and a weak reference to the live
+# adapter of each adapted object, keyed by id(). An adapter holds its object, so while the
+# adapter lives the id cannot be reused. The references have no callbacks (a container of
+# 100,000 arrays makes and drops 100,000 of them; a WeakValueDictionary's keyed references
+# and removal callbacks cost Python calls each): a dead one is simply not an adapter, and dead
+# entries are swept once the table has doubled since the last sweep.
 _factories: dict[type, AdapterFactory] = {}
-_adapters: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_batch_factories: dict[type, BatchAdapterFactory] = {}  # for exactly that type
+_adapters: dict[int, weakref.ref[Any]] = {}
+_sweep_at = 1024  # size of _adapters at which dead entries are swept next
 _lock = threading.Lock()
 # Module-name prefix of a framework -> the integration module registering its adapters. Filled
 # by register_lazy_integration() (trackpoint.integrations registers the built-in ones), so this
@@ -66,7 +77,9 @@ _structure_adapters: list[tuple[Callable[[Any], bool], AdapterFactory]] = []
 _lazy_structure_integrations: dict[str, str] = {}
 
 
-def register_adapter(type_: type, factory: AdapterFactory) -> None:
+def register_adapter(
+    type_: type, factory: AdapterFactory, *, many: BatchAdapterFactory | None = None
+) -> None:
     """Make instances of ``type_`` (and its subclasses) trackable through ``factory``.
 
     ``factory(obj)`` returns a Trackable whose ``_serialize_to_tensors`` views ``obj``'s
@@ -74,14 +87,25 @@ def register_adapter(type_: type, factory: AdapterFactory) -> None:
     writes them into ``obj`` in place. Registering a
     type again replaces its factory.
 
+    Args:
+        type_: the class.
+        factory: makes the adapter of one object.
+        many: optionally, makes the adapters of a list of objects of exactly ``type_`` at
+            once, each as ``factory`` would and with ``_self_adapted_value`` set to its object
+            (a container of 100,000 numpy arrays adapts them in one call).
+
     Raises:
-        InvalidArgumentError: ``type_`` is not a class or ``factory`` is not callable.
+        InvalidArgumentError: ``type_`` is not a class or a factory is not callable.
     """
     if not isinstance(type_, type):
         raise InvalidArgumentError(f"register_adapter() needs a class, got {type_!r}")
-    if not callable(factory):
+    if not callable(factory) or (many is not None and not callable(many)):
         raise InvalidArgumentError(f"adapter factory for {type_.__name__} is not callable")
     _factories[type_] = factory
+    if many is None:
+        _batch_factories.pop(type_, None)
+    else:
+        _batch_factories[type_] = many
 
 
 def register_lazy_integration(
@@ -178,7 +202,11 @@ def claims_structure(value: Any) -> bool:
 
 
 def _lookup(value: Any) -> AdapterFactory | None:
-    for klass in type(value).__mro__:
+    return _lookup_type(type(value))
+
+
+def _lookup_type(kind: type) -> AdapterFactory | None:
+    for klass in kind.__mro__:
         factory = _factories.get(klass)
         if factory is not None:
             return factory
@@ -203,22 +231,98 @@ def to_trackable(value: Any) -> Trackable | None:
     """``value`` itself if it is a Trackable, its (cached) adapter if one is registered, or None."""
     if isinstance(value, Trackable):
         return value
-    adapter = _adapters.get(id(value))  # the usual case: adapted before (no lock to read)
-    if adapter is not None and adapter._self_adapted_value is value:
-        return adapter  # type: ignore[no-any-return]
+    adapter = _live_adapter(value)  # the usual case: adapted before (no lock to read)
+    if adapter is not None:
+        return adapter
     factory = _factory_for(value)
     if factory is None:
         return None
     with _lock:
-        adapter = _adapters.get(id(value))
-        if adapter is not None and adapter._self_adapted_value is value:
-            return adapter  # type: ignore[no-any-return]
-        adapter = factory(value)
-        if not isinstance(adapter, Trackable):
-            raise InvalidArgumentError(
-                f"the adapter for {type(value).__name__} returned {type(adapter).__name__}, "
-                "which is not a Trackable"
-            )
-        object.__setattr__(adapter, "_self_adapted_value", value)
-        _adapters[id(value)] = adapter
+        adapter = _live_adapter(value)
+        if adapter is not None:
+            return adapter
+        adapter = _checked(factory(value), value)
+        _register([adapter])
         return adapter
+
+
+def to_trackables(values: list[Any]) -> list[Trackable | None]:
+    """:func:`to_trackable` of each of ``values``, in order.
+
+    For the large container (100,000 numpy arrays) the lookups and the registration run in
+    one pass per list, not one call chain per value; values of mixed types go one by one.
+    """
+    kinds = set(map(type, values))
+    if len(kinds) != 1:
+        return list(map(to_trackable, values))
+    (kind,) = kinds
+    if issubclass(kind, Trackable):
+        return list(values)
+    factory = _lookup_type(kind)
+    if factory is None:
+        return list(map(to_trackable, values))  # integrations, structures: the general path
+    with _lock:
+        refs = list(map(_adapters.get, map(id, values)))
+        found: list[Any] = [None if ref is None else ref() for ref in refs]
+        if refs.count(None) != len(refs):  # some were adapted before: keep those adapters
+            found = [
+                adapter if adapter is not None and adapter._self_adapted_value is value
+                else None
+                for adapter, value in zip(found, values)
+            ]
+        missing = [value for adapter, value in zip(found, values) if adapter is None]
+        # One adapter per object, also for an object listed twice (an alias).
+        distinct = list({id(value): value for value in missing}.values())
+        many = _batch_factories.get(kind)
+        if many is not None and _factories.get(kind) is factory:
+            made = list(many(distinct))  # each a Trackable holding its _self_adapted_value
+        else:
+            made = [_checked(factory(value), value) for value in distinct]
+        if made:
+            _register(made)
+            if len(distinct) != len(missing):
+                adapter_of = dict(zip(map(id, distinct), made))
+                made = list(map(adapter_of.__getitem__, map(id, missing)))
+            fresh = iter(made)
+            found = [next(fresh) if adapter is None else adapter for adapter in found]
+        return found
+
+
+def _live_adapter(value: Any) -> Trackable | None:
+    """The registered adapter of ``value`` if it is alive, else None."""
+    ref = _adapters.get(id(value))
+    if ref is None:
+        return None
+    adapter = ref()
+    if adapter is not None and adapter._self_adapted_value is value:
+        return adapter  # type: ignore[no-any-return]
+    return None
+
+
+def _checked(adapter: Any, value: Any) -> Trackable:
+    """``adapter``, made by a factory for ``value``, once it is known to be a Trackable."""
+    if not isinstance(adapter, Trackable):
+        raise InvalidArgumentError(
+            f"the adapter for {type(value).__name__} returned {type(adapter).__name__}, "
+            "which is not a Trackable"
+        )
+    object.__setattr__(adapter, "_self_adapted_value", value)
+    return adapter
+
+
+def _register(adapters: list[Trackable]) -> None:
+    """Record each adapter under its object's id (with ``_lock`` held)."""
+    global _sweep_at
+    _adapters.update(
+        zip(
+            map(id, map(_ADAPTED_VALUE, adapters)),
+            map(weakref.ref, adapters),
+        )
+    )
+    if len(_adapters) >= _sweep_at:
+        for key in [key for key, ref in _adapters.items() if ref() is None]:
+            del _adapters[key]
+        _sweep_at = max(1024, 2 * len(_adapters))
+
+
+_ADAPTED_VALUE = operator.attrgetter("_self_adapted_value")

@@ -173,7 +173,8 @@ class Trackable:
         save and restore call it several times and must see the same children.
         """
         self._maybe_initialize_trackable()
-        return {ref.name: ref.ref for ref in self._self_dependencies}
+        # Each reference is a (name, child) pair: dict() builds the mapping in C.
+        return dict(self._self_dependencies)
 
     def _lookup_dependency(
         self, name: str, cached_dependencies: Mapping[str, Trackable] | None = None
@@ -237,6 +238,26 @@ class Trackable:
         if current is not trackable:
             self._handle_deferred_dependencies(name, trackable)
         return trackable
+
+    def _track_first_children(self, names: list[str], children: list[Trackable]) -> bool:
+        """``_track_trackable(child, name)`` of each pair, in one pass, on an object with no
+        children and no waiting restorations yet (a container being built); False, tracking
+        nothing, otherwise (the caller then tracks them one by one).
+
+        ``names`` must be distinct strings and ``children`` Trackables.
+        """
+        state = self.__dict__
+        if state.get("_self_dependencies") or state.get("_self_deferred") or state.get(
+            "_self_name_based"
+        ):
+            return False
+        self._maybe_initialize_trackable()
+        # TrackableReference(name, child) of each pair, built in C (a NamedTuple's __new__ is
+        # a Python function).
+        references = map(tuple.__new__, itertools.repeat(TrackableReference), zip(names, children))
+        self._self_dependencies.extend(references)
+        self._self_dependency_names.update(zip(names, children))
+        return True
 
     def _untrack(self, name: str) -> None:
         """Forget the child named ``name`` (no-op if there is none)."""

@@ -14,8 +14,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import is_
 from typing import Any, SupportsIndex
 
+from numpy import ndarray
+
+from trackpoint._gc import collector_paused
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
-from trackpoint.tracking.adapters import to_trackable
+from trackpoint.tracking.adapters import to_trackable, to_trackables
 from trackpoint.tracking.base import Trackable
 from trackpoint.tracking.containers import (
     NoDependency,
@@ -57,8 +60,32 @@ class DictWrapper(TrackableDataStructure, dict[Any, Any]):
         )
         object.__setattr__(self, "_self_original", original)
         object.__setattr__(self, "_self_untracked_keys", set())
+        if self._track_all_at_once(original):
+            dict.__init__(self, original)  # every value is stored as given
+            return
         dict.__init__(self, {k: self._track_value(v, k) for k, v in original.items()})
         self._sync()
+
+    def _track_all_at_once(self, original: dict[Any, Any]) -> bool:
+        """Track every value of ``original`` in one pass if all are kept as they are (string
+        keys; numpy arrays and Trackables, which are neither wrapped nor NoDependency); False,
+        tracking nothing, for any other dict (then each value goes through _track_value).
+
+        The usual large dict, ``{name: array}`` of a model, is tracked here without a call
+        chain per value; the result is what tracking one value after the other gives.
+        """
+        if not original or not set(map(type, original)) <= _STR_TYPE:
+            return False
+        kinds = set(map(type, original.values()))
+        if not all(kind is ndarray or issubclass(kind, Trackable) for kind in kinds):
+            return False
+        # The adapters and references made here live on: pausing the collector spares the
+        # collections their allocation would trigger (see trackpoint._gc).
+        with collector_paused():
+            children = to_trackables(list(original.values()))
+            if any(child is None for child in children):
+                return False  # not reached for these kinds; the general path says why
+            return self._track_first_children(list(original), children)  # type: ignore[arg-type]
 
     def _track_value(self, value: Any, name: Any) -> Any:
         if isinstance(value, NoDependency):

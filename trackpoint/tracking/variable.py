@@ -11,7 +11,10 @@ from strings holds an object array of ``bytes``; restores never cut a string.
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -119,6 +122,25 @@ class Variable(Trackable):
         variable._name = name or "Variable"
         variable._given_name = name
         return variable
+
+    @classmethod
+    def wrap_all(cls, arrays: list[np.ndarray]) -> list[Variable]:
+        """:meth:`wrap` of each of ``arrays`` (exactly numpy arrays), registered as their
+        adapters (``_self_adapted_value``): the adapter registry's batch factory.
+
+        One pass per attribute instead of a call per array: a dict of 100,000 arrays.
+        """
+        if "O" in set(map(_KIND_OF, arrays)):  # strings only: as wrap() checks them
+            return [_adapted(cls.wrap(array), array) for array in arrays]
+        variables: list[Variable] = list(map(object.__new__, itertools.repeat(cls, len(arrays))))
+        set_ = object.__setattr__
+        repeat = itertools.repeat
+        for name, values in (
+            ("_value", arrays), ("_name", repeat("Variable")), ("_given_name", repeat(None)),
+            ("_self_adapted_value", arrays),
+        ):  # fmt: skip
+            collections.deque(map(set_, variables, repeat(name), values), maxlen=0)
+        return variables
 
     # -- value access ------------------------------------------------------------------------
 
@@ -273,4 +295,12 @@ def prepare_variable_restores(
     return apply
 
 
-register_adapter(np.ndarray, Variable.wrap)
+_KIND_OF = operator.attrgetter("dtype.kind")
+
+
+def _adapted(variable: Variable, array: np.ndarray) -> Variable:
+    object.__setattr__(variable, "_self_adapted_value", array)
+    return variable
+
+
+register_adapter(np.ndarray, Variable.wrap, many=Variable.wrap_all)
