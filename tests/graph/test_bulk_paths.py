@@ -218,3 +218,12 @@ def test_registering_a_factory_again_drops_its_batch_factory() -> None:
     with pytest.raises(tp.errors.InvalidArgumentError):
         adapters.register_adapter(np.ndarray, Variable.wrap, many="no")  # type: ignore[arg-type]
     assert adapters._batch_factories[np.ndarray] == Variable.wrap_all
+
+
+def test_varints_in_one_pass_equal_encode_varint() -> None:
+    from trackpoint.bundle.table import encode_varint
+    from trackpoint.graph.serialize import _varints
+
+    values = [0, 1, 127, 128, 300, 16383, 16384, 2**21 - 1, 2**21, 2**35, 2**63 - 1]
+    assert _varints(values) == [encode_varint(v) for v in values]
+    assert _varints([]) == []

@@ -1,5 +1,8 @@
 """A view saved again reuses its previous walk only while the structure is exactly the same.
 
+The first save of a view leaves nothing to reuse; the second leaves the snapshot (``_ckpt``
+saves once, so each test's first save is a view's second).
+
 Every case compares the graph a repeated save produces with the graph a brand-new view of the
 same objects produces (nothing to reuse), after one kind of change to the structure.
 """
@@ -44,6 +47,7 @@ def _ckpt() -> tuple[tp.Checkpoint, dict[str, Any], ObjectGraphView]:
     state = {f"block{i}/w": np.full(3, i, np.float32) for i in range(5)}
     ckpt = tp.Checkpoint(state=state, step=np.zeros((), np.int64))
     view = ckpt._self_view
+    assert serialize_graph(view) is not None and view.save_reuse is None  # the first lends none
     return ckpt, state, view
 
 
@@ -141,6 +145,7 @@ def test_a_list_mutation_still_fails_the_next_save() -> None:
     ckpt = tp.Checkpoint(items=[np.zeros(2), np.ones(2)])
     view = ckpt._self_view
     serialize_graph(view)
+    serialize_graph(view)  # the second save leaves the reuse
     del ckpt.items[0]
     with pytest.raises(InvalidArgumentError, match="Unable to save"):
         serialize_graph(view)

@@ -28,14 +28,12 @@ again ask the snapshot instead, and walk only if the structure changed since the
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 from trackpoint.checkpoint.restore import CheckpointPosition, RestoreCoordinator
 from trackpoint.checkpoint.restore_plan import RestorePlan, WalkRecord
 from trackpoint.checkpoint.saved_graph import SavedGraph
 from trackpoint.graph.structure import StructureSnapshot
-from trackpoint.tracking.base import TrackableReference
 
 if TYPE_CHECKING:
     from trackpoint.bundle.reader import BundleReader
@@ -45,7 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RestoreReuse", "RestoreTemplate"]
 
-_NONE: list[TrackableReference] = []  # the children of every leaf (read-only)
 
 
 class RestoreTemplate:
@@ -159,9 +156,7 @@ def _keep(
     objects = [obj for _, obj in record.queue]
     if len(set(map(id, objects))) != len(objects):
         return None  # one object bound to two nodes: the program's graph has it once
-    make = functools.partial(tuple.__new__, TrackableReference)  # TrackableReference._make
-    children = [list(map(make, refs.items())) if refs else _NONE for refs in record.children]
-    snapshot = StructureSnapshot.capture(view, objects, children)
+    snapshot = StructureSnapshot.capture(view, objects, record.children)
     if snapshot is None:
         return None
     return _Kept(graph, snapshot, RestoreTemplate(record, plan))

@@ -21,8 +21,11 @@ from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import Any
 
+import numpy as np
+
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.bundle.table import encode_varint
+from trackpoint.bundle.table_batch import varint_bytes, varint_sizes
 from trackpoint.graph.keys import OBJECT_ATTRIBUTES_NAME, OBJECT_GRAPH_KEY, escape_local_name
 from trackpoint.graph.structure import StructureSnapshot
 from trackpoint.graph.walk import (
@@ -300,7 +303,11 @@ def _serialize_walk(
     graph = b"".join(bodies)  # the bulk variables' nodes are whole already
     tensors = TensorsByTrackable([pair for pair in pairs if pair is not None])
     tensors.add(None, {OBJECT_GRAPH_KEY: string_scalar(graph)})
-    if reusable:
+    # The first save of a view lends nothing: many views are saved once (a Checkpoint made
+    # for one write), and the snapshot costs about a tenth of the walk. From the second on,
+    # the view is being saved again and again (a training loop).
+    view.save_walks += 1
+    if reusable and view.save_walks > 1:
         snapshot = StructureSnapshot.capture(view, walk.objects, walk.children)
         if snapshot is not None:
             plan = [step for step in plan_at if step is not None]
@@ -399,7 +406,7 @@ def _child_refs(child_ids: list[int], local_names: list[str]) -> bytes:
         return b"".join(map(_child_ref, child_ids, local_names))
     encoded = _encode_all(local_names)
     sizes = list(map(len, encoded))
-    ids = list(map(encode_varint, child_ids))
+    ids = _varints(child_ids)
     body_sizes = list(map(operator.add, map(len, ids), map(operator.add, repeat(3), sizes)))
     if max(body_sizes) >= 128:  # long names: lengths of two bytes
         return b"".join(map(_child_ref, child_ids, local_names))
@@ -412,6 +419,16 @@ def _child_refs(child_ids: list[int], local_names: list[str]) -> bytes:
             )
         )
     )  # fmt: skip
+
+
+def _varints(values: list[int]) -> list[bytes]:
+    """``encode_varint`` of each of ``values`` (non-negative), in one numpy pass."""
+    array = np.fromiter(values, np.int64, len(values))
+    sizes = varint_sizes(array)
+    width = int(sizes.max()) if len(values) else 1
+    data = varint_bytes(array, sizes, width).tobytes()
+    starts = np.arange(0, len(values) * width, width)
+    return list(map(data.__getitem__, map(slice, starts.tolist(), (starts + sizes).tolist())))
 
 
 class _Reuse:

@@ -24,13 +24,13 @@ the caller walks every time.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import compress, repeat
-from operator import is_, not_
+from operator import and_, is_, itemgetter, not_
 from typing import TYPE_CHECKING
 
 from trackpoint.tracking.adapters import to_trackable
-from trackpoint.tracking.base import Trackable, TrackableReference
+from trackpoint.tracking.base import Trackable
 
 if TYPE_CHECKING:
     from trackpoint.graph.walk import ObjectGraphView
@@ -38,14 +38,10 @@ if TYPE_CHECKING:
 __all__ = ["StructureSnapshot"]
 
 _PLAIN_CHILDREN = Trackable._trackable_children
-
-
-def _is_plain_leaf(obj: Trackable) -> bool:
-    """A leaf whose children come from its own dependency list, which is empty."""
-    return (
-        type(obj)._trackable_children is _PLAIN_CHILDREN
-        and not getattr(obj, "_self_dependencies", None)
-    )
+Children = Sequence[tuple[str, Trackable]] | Mapping[str, Trackable]
+"""One node's children as a walk lists them: references, or local name -> child."""
+_NAME = itemgetter(0)  # of a TrackableReference
+_CHILD = itemgetter(1)
 
 
 class StructureSnapshot:
@@ -78,37 +74,48 @@ class StructureSnapshot:
         cls,
         view: ObjectGraphView,
         objects: Sequence[Trackable],
-        children: Sequence[Sequence[TrackableReference]],
+        children: Sequence[Children],
     ) -> StructureSnapshot | None:
         """The snapshot of a walk of ``view`` that found ``objects`` (node order) and
-        ``children[i]`` under ``objects[i]`` (the root's attached dependencies included).
+        ``children[i]`` under ``objects[i]`` (the root's attached dependencies included, last):
+        references, or a mapping of local names to children (a restore's walk record).
 
         Returns None when an object cannot be referenced weakly.
         """
         try:
-            refs = [weakref.ref(obj) for obj in objects]
+            refs = list(map(weakref.ref, objects))  # in C, as the rest: 100,000s of nodes
         except TypeError:
             return None
         attached_objects = [_held(ref.ref) for ref in view.attached_dependencies]
         if any(obj is None for obj in attached_objects):
             return None  # a dead attached dependency: rare, not worth reusing around
-        node_of = {id(obj): index for index, obj in enumerate(objects)}
-        parents: list[tuple[int, list[str], list[int]]] = []
-        leaves: list[int] = []
-        plain_leaves: list[int] = []
-        attached: list[tuple[str, int]] = []
-        for index, refs_of in enumerate(children):
-            if index == 0:  # list_children puts the attached dependencies last
-                own = len(refs_of) - len(attached_objects)
-                attached = [(ref.name, node_of[id(ref.ref)]) for ref in refs_of[own:]]
-                refs_of = refs_of[:own]
-            if refs_of or index == 0:
-                names = [ref.name for ref in refs_of]
-                parents.append((index, names, [node_of[id(ref.ref)] for ref in refs_of]))
-            elif _is_plain_leaf(objects[index]):
-                plain_leaves.append(index)
-            else:
-                leaves.append(index)
+        count = len(objects)
+        node_of = dict(zip(map(id, objects), range(count)))
+
+        def edges(refs_of: Children) -> tuple[list[str], list[int]]:
+            if isinstance(refs_of, Mapping):
+                nodes = map(node_of.__getitem__, map(id, refs_of.values()))
+                return list(refs_of), list(nodes)
+            nodes = map(node_of.__getitem__, map(id, map(_CHILD, refs_of)))
+            return list(map(_NAME, refs_of)), list(nodes)
+
+        # The root is always a parent; list_children puts its attached dependencies last.
+        root: Children = children[0] if count else ()
+        root_refs = list(root.items()) if isinstance(root, Mapping) else root
+        own = len(root_refs) - len(attached_objects)
+        attached = list(zip(*edges(root_refs[own:])))
+        parents = [(0, *edges(root_refs[:own]))] if count else []
+        has_children = list(map(bool, children))
+        parents += [(i, *edges(children[i])) for i in compress(range(1, count), has_children[1:])]
+        leaf_nodes = list(compress(range(1, count), map(not_, has_children[1:])))
+        leaf_objects = list(map(objects.__getitem__, leaf_nodes))
+        # A plain leaf: its children come from its own dependency list, which is empty.
+        kinds: list[type[Trackable]] = list(map(type, leaf_objects))
+        plain_kind = {kind: kind._trackable_children is _PLAIN_CHILDREN for kind in set(kinds)}
+        dependencies = map(getattr, leaf_objects, repeat("_self_dependencies"), repeat(None))
+        plain = list(map(and_, map(plain_kind.__getitem__, kinds), map(not_, dependencies)))
+        plain_leaves = list(compress(leaf_nodes, plain))
+        leaves = list(compress(leaf_nodes, map(not_, plain)))
         return cls(view, refs, parents, leaves, plain_leaves, attached)
 
     def objects(self) -> list[Trackable] | None:

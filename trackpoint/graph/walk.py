@@ -83,8 +83,10 @@ class ObjectGraphView:
     ) -> None:
         self._root = root
         self._attached = attached_dependencies if attached_dependencies is not None else []
-        # What the last save of this view can lend the next one (graph/serialize.py).
+        # What the last save of this view can lend the next one, and how many saves walked
+        # it (graph/serialize.py).
         self.save_reuse: Any = None
+        self.save_walks = 0
 
     @property
     def root(self) -> Trackable:
@@ -115,6 +117,7 @@ class ObjectGraphView:
         ]
         copied._attached = attached
         copied.save_reuse = None
+        copied.save_walks = 0
         return copied
 
     def list_children(self, obj: Trackable) -> list[TrackableReference]:
