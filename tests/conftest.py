@@ -1,5 +1,6 @@
 """Shared fixtures.
 
+``corrupt(prefix, key)`` flips one byte of a stored value, whose crc32c then fails.
 ``s3_endpoint``/``s3_bucket`` start a real S3-compatible server (moto) on loopback, once per
 session, for the fsspec storage and distributed tests. ``tf`` gives real TensorFlow for
 interoperability tests. Under ``make test`` (which sets
@@ -12,7 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +80,21 @@ def s3_endpoint() -> Iterator[str]:
 def s3_bucket(s3_endpoint: str) -> str:
     """Name of the bucket created on the ``s3_endpoint`` server."""
     return _S3_BUCKET
+
+
+def _corrupt(prefix: str, key: str) -> None:
+    from trackpoint.management.reader import CheckpointReader
+
+    with CheckpointReader(prefix) as reader:
+        entry = reader.bundle.entry(key)
+        shards = reader.bundle.num_shards
+    data = Path(f"{prefix}.data-{entry.shard_id:05d}-of-{shards:05d}")
+    raw = bytearray(data.read_bytes())
+    raw[entry.offset + entry.size // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+
+
+@pytest.fixture(scope="session")  # a pure function: safe in hypothesis tests
+def corrupt() -> Callable[[str, str], None]:
+    """Flip one byte in the middle of ``key``'s stored value at ``prefix``."""
+    return _corrupt

@@ -16,22 +16,11 @@ from hypothesis import strategies as st
 
 import trackpoint as tp
 from trackpoint.errors import CheckpointError, DataLossError, InvalidArgumentError
-from trackpoint.management import CheckpointReader
 from trackpoint.saving import MultiDeviceSaver
 from trackpoint.tracking import AutoTrackable, Variable
 
 VV = "/.ATTRIBUTES/VARIABLE_VALUE"
 
-
-def corrupt(prefix: str, key: str) -> None:
-    """Flip one byte of ``key``'s stored value (its crc32c then fails)."""
-    with CheckpointReader(prefix) as reader:
-        entry = reader.bundle.entry(key)
-        shards = reader.bundle.num_shards
-    data = Path(f"{prefix}.data-{entry.shard_id:05d}-of-{shards:05d}")
-    raw = bytearray(data.read_bytes())
-    raw[entry.offset + entry.size // 2] ^= 0xFF
-    data.write_bytes(bytes(raw))
 
 
 def snapshot(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -60,7 +49,7 @@ def progress_options() -> tp.CheckpointOptions:
 
 @pytest.mark.parametrize("options", [None, "progress"])
 @pytest.mark.parametrize("damaged", [0, 3, 5])
-def test_damaged_value_changes_nothing(saved, options, damaged):
+def test_damaged_value_changes_nothing(saved, options, damaged, corrupt):
     prefix, _ = saved
     corrupt(prefix, f"v{damaged}{VV}")
     live = fresh_values()
@@ -81,7 +70,7 @@ def test_shape_mismatch_in_a_later_object_changes_nothing(saved):
     assert_unchanged(live, before)
 
 
-def test_sliced_values_are_verified_before_any_change(tmp_path):
+def test_sliced_values_are_verified_before_any_change(tmp_path, corrupt):
     """Partitioned values (read as slices) go through the same verify-then-apply engine."""
 
     class Partitioned(AutoTrackable):
@@ -168,7 +157,7 @@ def test_multi_device_saver_restore_is_all_or_nothing(tmp_path):
     assert (a2.value == 0).all() and (b2.value == 0).all()
 
 
-def test_registered_saver_runs_only_after_every_value_verified(tmp_path):
+def test_registered_saver_runs_only_after_every_value_verified(tmp_path, corrupt):
     calls: list[str] = []
 
     class Table(AutoTrackable):
@@ -243,7 +232,7 @@ def test_optimizer_param_group_sizes_are_checked_before_any_change(tmp_path):
     count=st.integers(2, 12),
     data=st.data(),
 )
-def test_random_injected_failures_never_change_any_object(tmp_path_factory, count, data):
+def test_random_injected_failures_never_change_any_object(tmp_path_factory, count, data, corrupt):
     """Property: whatever planned value fails, and however, no live object changes."""
     root = tmp_path_factory.mktemp("prop")
     shapes = [tuple(data.draw(st.lists(st.integers(1, 4), min_size=0, max_size=2)))

@@ -247,38 +247,23 @@ class BundleReader:
                 f"read_many_into for {self._prefix} got {len(keys)} keys but {len(outs)} arrays",
                 path=self._prefix,
             )
-        layouts, index, copy_into = self._layouts, self._index, self._files.copy_into
+        layouts, index, copied_into = self._layouts, self._index, self._copied_into
         counted = 0
-        ndarray = np.ndarray
         try:
             for key, out in zip(keys, outs):
                 layout = layouts.get(key) or index.decode_layout(key)
-                if (  # as in read_into
-                    type(out) is ndarray
-                    and layout.readable
-                    and not layout.is_string
-                    and not layout.slices
-                    and out.shape == layout.shape
-                    and out.dtype == layout.dtype
-                    and self._native
-                    and copy_into(layout, out)
-                ):
+                if copied_into(layout, out):
                     counted += layout.size
                 else:
                     self.read_into(key, out)
         finally:
             self._count_read(counted)
 
-    def read_into(self, key: str, out: np.ndarray) -> None:
-        """Copy tensor ``key`` into ``out`` (same shape and dtype) with one copy.
-
-        Raises:
-            InvalidArgumentError: ``out`` has another shape or dtype, or is read-only.
-        """
-        layout = self._layouts.get(key) or self._index.decode_layout(key)
-        # The common case first: a whole numeric tensor into an ndarray of its shape and dtype,
-        # copied from a mapped file (copy_into also refuses a read-only ``out``).
-        if (
+    def _copied_into(self, layout: Layout, out: np.ndarray) -> bool:
+        """True if ``layout``, a whole numeric tensor of ``out``'s shape and dtype in a mapped
+        file, was copied into ``out`` (``copy_into`` also refuses a read-only ``out``); False,
+        with ``out`` untouched, for :meth:`read_into` to decide."""
+        return (
             type(out) is np.ndarray
             and layout.readable
             and not layout.is_string
@@ -287,7 +272,16 @@ class BundleReader:
             and out.dtype == layout.dtype
             and self._native
             and self._files.copy_into(layout, out)
-        ):
+        )
+
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        """Copy tensor ``key`` into ``out`` (same shape and dtype) with one copy.
+
+        Raises:
+            InvalidArgumentError: ``out`` has another shape or dtype, or is read-only.
+        """
+        layout = self._layouts.get(key) or self._index.decode_layout(key)
+        if self._copied_into(layout, out):  # the common case first
             self._count_read(layout.size)
             return
         if not (
