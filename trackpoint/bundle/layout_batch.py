@@ -20,6 +20,7 @@ import numpy as np
 
 from trackpoint.bundle.crc import MASK_DELTA
 from trackpoint.bundle.layout import Layout, LayoutDecoder
+from trackpoint.bundle.table_scan import varints_at
 
 if TYPE_CHECKING:
     from trackpoint.bundle.layout import _Kind
@@ -32,24 +33,6 @@ _U8 = np.dtype(np.uint8)
 _U32 = 0xFFFFFFFF
 # Heads up to this many bytes are told apart as fixed-width rows; longer ones one by one.
 _HEAD_ROW = 32
-
-
-def _varints(
-    buf: np.ndarray, pos: np.ndarray, end: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(values, positions after, ok) of varints at ``pos`` of at most 9 bytes (< 2**63)."""
-    value = np.zeros(len(pos), _I64)
-    done = np.zeros(len(pos), bool)
-    after = pos.copy()
-    for k in range(9):
-        byte = buf[pos + k].astype(_I64)
-        todo = ~done
-        value |= np.where(todo, (byte & 0x7F) << (7 * k), 0)
-        after += todo
-        done |= byte < 0x80
-        if done.all():
-            break
-    return value, after, done & (after <= end)
 
 
 def common_layouts(
@@ -77,7 +60,8 @@ def common_layouts(
     fields = []
     for tag in (0x18, 0x20, 0x28):  # shard_id, offset, size
         has = ok & (pos < ends) & (buf[np.minimum(pos, len(buf) - 1)] == tag)
-        value, after, good = _varints(buf, np.where(has, pos + 1, 0), ends)
+        value, after, good = varints_at(buf, np.where(has, pos + 1, 0), 9)
+        good &= after <= ends
         ok &= ~has | good
         fields.append(np.where(has, value, 0))
         pos = np.where(has, after, pos)

@@ -18,7 +18,7 @@ import numpy as np
 
 from trackpoint.bundle.table import _data_blocks, _read_block, read_table
 
-__all__ = ["TableColumns", "scan_table"]
+__all__ = ["TableColumns", "scan_table", "varints_at"]
 
 _I64 = np.dtype(np.int64)
 # Entries decoded per restart run before the run is left to Python: TensorFlow restarts every
@@ -45,17 +45,22 @@ class TableColumns:
         return cls([k for k, _ in pairs], b"".join(v for _, v in pairs), ends - lengths, ends)
 
 
-def _varints(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(values, positions after, ok) of the varint32s at ``pos`` (``buf`` padded by 5)."""
+def varints_at(
+    buf: np.ndarray, pos: np.ndarray, width: int = 5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, positions after, ok) of the varints of at most ``width`` bytes at ``pos``
+    (``buf`` padded by ``width``); 5 bytes: varint32s, 9: values below 2**63."""
     value = np.zeros(len(pos), _I64)
     done = np.zeros(len(pos), bool)
     after = pos.copy()
-    for k in range(5):
+    for k in range(width):
         byte = buf[pos + k].astype(_I64)
         todo = ~done
         value |= np.where(todo, (byte & 0x7F) << (7 * k), 0)
         after += todo
         done |= byte < 0x80
+        if done.all():
+            break
     return value, after, done
 
 
@@ -105,9 +110,9 @@ def _scan(data: bytes, path: str) -> TableColumns | None:
     for _ in range(_MAX_RUN):
         if not len(active):
             break
-        shared, after, ok1 = _varints(buf, pos[active])
-        non_shared, after, ok2 = _varints(buf, after)
-        value_len, after, ok3 = _varints(buf, after)
+        shared, after, ok1 = varints_at(buf, pos[active])
+        non_shared, after, ok2 = varints_at(buf, after)
+        value_len, after, ok3 = varints_at(buf, after)
         value_start = after + non_shared
         following = value_start + value_len
         if not (ok1 & ok2 & ok3 & (following <= ends[active])).all():
