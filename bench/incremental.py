@@ -199,6 +199,7 @@ def main() -> int:
     base = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
     changed = _changed_bytes(model, optimizer)
     directory = args.dir or tempfile.gettempdir()
+    os.makedirs(directory, exist_ok=True)
     console.print(
         f"base {base / MIB:.0f} MiB frozen, {changed / MIB:.1f} MiB changed per step "
         f"(adapters + Adam), {args.saves} saves into {directory}"
