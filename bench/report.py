@@ -404,6 +404,7 @@ def render_markdown(run: RunResult, tables: list[Table], targets: list[TargetRow
         ".venv/bin/python bench/run.py --quick        # tiny sizes, under a minute",
         ".venv/bin/python bench/run.py --json run.json    # keep the raw measurements",
         ".venv/bin/python bench/run.py --from-json run.json --write-doc  # re-render, no measuring",
+        ".venv/bin/python bench/profile_small.py      # 100k small values: time per step",
         "```",
         "",
         "`--help` lists every flag (repetitions, per-case time budget, cold page cache, "
