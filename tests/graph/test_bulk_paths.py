@@ -191,12 +191,17 @@ def test_adapters_are_held_weakly_and_dead_entries_swept(monkeypatch: pytest.Mon
 
 
 def test_wrap_all_is_wrap_of_each() -> None:
-    arrays = [np.zeros(2), np.array([b"a", b"bc"], dtype=object), np.ones((2, 2))]
-    variables = Variable.wrap_all(arrays)
-    for variable, array in zip(variables, arrays):
-        single = Variable.wrap(array)
-        assert type(variable) is Variable and variable.array is array
-        assert variable.__dict__ == {**single.__dict__, "_self_adapted_value": array}
+    numeric = [np.zeros(2), np.ones((2, 2), np.float32), np.arange(3)]  # the one-pass path
+    with_strings = [np.zeros(2), np.array([b"a", b"bc"], dtype=object), np.ones((2, 2))]
+    for arrays in (numeric, with_strings):
+        variables = Variable.wrap_all(arrays)
+        for variable, array in zip(variables, arrays):
+            single = Variable.wrap(array)
+            assert type(variable) is Variable and variable.array is array
+            assert variable.__dict__ == {**single.__dict__, "_self_adapted_value": array}
+            variable.assign(np.full(array.shape, 7, array.dtype) if array.dtype != object
+                            else np.array([b"x", b"y"], dtype=object))
+            assert variable.array is array and (array == variable.numpy()).all()  # in place
     with pytest.raises(tp.errors.InvalidArgumentError):
         Variable.wrap_all([np.array([1, "x"], dtype=object)])  # not strings: as wrap()
 

@@ -128,18 +128,20 @@ class Variable(Trackable):
         """:meth:`wrap` of each of ``arrays`` (exactly numpy arrays), registered as their
         adapters (``_self_adapted_value``): the adapter registry's batch factory.
 
-        One pass per attribute instead of a call per array: a dict of 100,000 arrays.
+        The attributes go straight into each new instance's ``__dict__`` (what
+        ``object.__setattr__`` does for a plain attribute, and ``Variable`` defines no
+        descriptor for them), in one order so the instances share their key table: half the
+        time of a call per attribute for a dict of 100,000 arrays.
         """
         if "O" in set(map(_KIND_OF, arrays)):  # strings only: as wrap() checks them
             return [_adapted(cls.wrap(array), array) for array in arrays]
         variables: list[Variable] = list(map(object.__new__, itertools.repeat(cls, len(arrays))))
-        set_ = object.__setattr__
-        repeat = itertools.repeat
-        for name, values in (
-            ("_value", arrays), ("_name", repeat("Variable")), ("_given_name", repeat(None)),
-            ("_self_adapted_value", arrays),
-        ):  # fmt: skip
-            collections.deque(map(set_, variables, repeat(name), values), maxlen=0)
+        for variable, array in zip(variables, arrays):
+            attributes = variable.__dict__
+            attributes["_value"] = array
+            attributes["_name"] = "Variable"
+            attributes["_given_name"] = None
+            attributes["_self_adapted_value"] = array
         return variables
 
     # -- value access ------------------------------------------------------------------------
