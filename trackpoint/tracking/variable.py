@@ -11,7 +11,6 @@ from strings holds an object array of ``bytes``; restores never cut a string.
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import operator
