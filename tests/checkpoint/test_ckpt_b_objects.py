@@ -110,6 +110,33 @@ def test_b10_pending_restores_leave_no_cycles(tmp_path, caplog):
         gc.enable()
 
 
+def test_b10_a_dropped_checkpoint_is_freed_without_the_collector(tmp_path):
+    """A Checkpoint and everything it tracks go with the last reference (no cycle through its
+    own object graph view), also after saves and reads that keep reusable state."""
+    values = {f"layer/{i}": np.full(3, float(i)) for i in range(40)}
+    gc.collect()
+    gc.disable()
+    try:
+        ckpt = Checkpoint(state=values, step=Variable(3))
+        path = ckpt.save(tmp_path / "ckpt")
+        for _ in range(3):  # the second save captures the structure, the third reuses it
+            ckpt.write(tmp_path / "again")
+        target = Checkpoint(state={k: np.zeros(3) for k in values}, step=Variable(0))
+        for _ in range(2):  # the second read replays the first one's walk
+            target.restore(path).assert_consumed()
+        tracked = weakref.ref(ckpt._lookup_dependency("state"))
+        refs = [weakref.ref(ckpt), weakref.ref(target), tracked]
+        del ckpt, target
+        assert [ref() for ref in refs] == [None, None, None]
+        # A load status keeps its Checkpoint's objects alive on its own.
+        into = {k: np.zeros(3) for k in values}
+        status = Checkpoint(state=into, step=Variable(0)).restore(path)
+        status.assert_consumed()
+        assert into["layer/7"].tolist() == [7.0, 7.0, 7.0]
+    finally:
+        gc.enable()
+
+
 def _open_files_under(directory) -> list[str]:
     names = []
     for fd in os.listdir("/proc/self/fd"):

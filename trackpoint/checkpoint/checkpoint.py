@@ -150,7 +150,10 @@ class Checkpoint(AutoTrackable):
                     "already exists (and is a different object)."
                 )
         if trackable_root is None:
-            view = ObjectGraphView(self)
+            # Held weakly, as TensorFlow does: the view is the Checkpoint's own, so a strong
+            # root would make every dropped Checkpoint (and the 100,000s of objects it tracks)
+            # garbage only a full collection frees. A load status keeps the root alive.
+            view = ObjectGraphView(weakref.ref(self))
         else:
             view_root: Any = (
                 weakref.ref(trackable_root) if isinstance(root, weakref.ref) else trackable_root
