@@ -112,7 +112,8 @@ def test_b10_pending_restores_leave_no_cycles(tmp_path, caplog):
 
 def test_b10_a_dropped_checkpoint_is_freed_without_the_collector(tmp_path):
     """A Checkpoint and everything it tracks go with the last reference (no cycle through its
-    own object graph view), also after saves and reads that keep reusable state."""
+    own object graph view, its save's reusable state or a commit), also after saves and reads
+    that keep reusable state."""
     values = {f"layer/{i}": np.full(3, float(i)) for i in range(40)}
     gc.collect()
     gc.disable()
@@ -128,6 +129,7 @@ def test_b10_a_dropped_checkpoint_is_freed_without_the_collector(tmp_path):
         refs = [weakref.ref(ckpt), weakref.ref(target), tracked]
         del ckpt, target
         assert [ref() for ref in refs] == [None, None, None]
+        assert gc.collect() == 0  # and nothing of the saves and reads was left in a cycle
         # A load status keeps its Checkpoint's objects alive on its own.
         into = {k: np.zeros(3) for k in values}
         status = Checkpoint(state=into, step=Variable(0)).restore(path)

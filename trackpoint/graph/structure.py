@@ -62,7 +62,8 @@ class StructureSnapshot:
         plain_leaves: list[int],
         attached: list[tuple[str, int]],
     ) -> None:
-        self._view = view
+        # Weakly: the view keeps the snapshot (a save's reuse), which must not keep the view.
+        self._view = weakref.ref(view)
         self._refs = refs
         self._parents = parents  # (node, child names, child nodes), root first
         self._leaves = leaves  # nodes whose children are computed but were empty
@@ -129,9 +130,10 @@ class StructureSnapshot:
         """The nodes in node order if a walk now would find exactly the recorded structure;
         None if anything differs (then walk again)."""
         objects = self.objects()
-        if objects is None or objects[0] is not _root(self._view):
+        view = self._view()
+        if view is None or objects is None or objects[0] is not _root(view):
             return None
-        if not self._same_attached(objects):
+        if not self._same_attached(view, objects):
             return None
         for index, names, child_nodes in self._parents:
             if not _same_children(objects[index], names, child_nodes, objects):
@@ -147,8 +149,8 @@ class StructureSnapshot:
             return None  # one gained a dependency
         return objects
 
-    def _same_attached(self, objects: list[Trackable]) -> bool:
-        current = self._view.attached_dependencies
+    def _same_attached(self, view: ObjectGraphView, objects: list[Trackable]) -> bool:
+        current = view.attached_dependencies
         if len(current) != len(self._attached):
             return False
         for ref, (name, node) in zip(current, self._attached):

@@ -38,6 +38,7 @@ import os
 import re
 import secrets
 import socket
+import weakref
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -80,7 +81,9 @@ class _CommitStorage(DelegatingStorage):
 
     def __init__(self, inner: Storage, commit: AtomicCommit) -> None:
         super().__init__(inner)
-        self._commit = commit
+        # A proxy: the commit owns this storage, and a strong reference back would make every
+        # save leave a cycle for the collector. Used only while the commit runs.
+        self._commit = weakref.proxy(commit)
 
     def replace(self, src: str, dst: str) -> None:
         # docstring inherited
