@@ -58,6 +58,11 @@ def test_e1_invalid_arguments(tmp_path):
         tp.CheckpointManager(ckpt, tmp_path, max_to_keep=0)
     with pytest.raises(ValueError, match="step_counter"):
         tp.CheckpointManager(ckpt, tmp_path, max_to_keep=1, checkpoint_interval=5)
+    # Not a checkpoint (a number, the state itself): refused before the directory is touched.
+    for wrong in (123, {"w": np.zeros(3)}, np.zeros(3)):
+        with pytest.raises(tp.errors.InvalidArgumentError, match="tp.Checkpoint"):
+            tp.CheckpointManager(wrong, tmp_path / "never", max_to_keep=1)  # type: ignore[arg-type]
+    assert not (tmp_path / "never").exists()
 
 
 def test_e2_keep_checkpoint_every_n_hours(tmp_path):

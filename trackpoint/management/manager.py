@@ -113,8 +113,9 @@ class CheckpointManager:
         clock: seconds since the epoch; injectable for tests.
 
     Raises:
-        InvalidArgumentError: ``max_to_keep`` is not positive, or ``checkpoint_interval`` is
-            given without ``step_counter``.
+        InvalidArgumentError: ``checkpoint`` is not a checkpoint (say, the model itself),
+            ``max_to_keep`` is not positive, or ``checkpoint_interval`` is given without
+            ``step_counter``.
         FailedPreconditionError: another process holds ``directory``'s writer lock (the
             message names its host and pid).
     """
@@ -132,6 +133,14 @@ class CheckpointManager:
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        missing = [name for name in ("write", "restore", "sync")
+                   if not callable(getattr(checkpoint, name, None))]
+        if missing:  # (save_counter is not asked: reading it creates the counter)
+            raise InvalidArgumentError(
+                f"CheckpointManager needs a tp.Checkpoint (or an object with save_counter, "
+                f"write, restore and sync), got {type(checkpoint).__name__}: wrap the state "
+                "first, e.g. CheckpointManager(tp.Checkpoint(model=model), directory, ...)"
+            )
         if max_to_keep is not None and max_to_keep <= 0:
             raise InvalidArgumentError(
                 f"Expected a positive integer or `None` for `max_to_keep`, got {max_to_keep}."
