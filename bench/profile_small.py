@@ -44,7 +44,7 @@ from trackpoint.checkpoint import load_status, restore, restore_reuse  # noqa: E
 from trackpoint.management import reader  # noqa: E402
 from trackpoint.saving import saver  # noqa: E402
 
-# (owner, attribute, phase): the steps of a save and of a restore, outermost last in each list.
+# (owner, attribute, phase): the steps of a save and of a restore; none calls another.
 _SAVE_STEPS = (
     (checkpoint_module.Checkpoint, "__init__", "Checkpoint(state=d): track the dict"),
     (checkpoint_module, "serialize_graph", "walk the objects, encode the graph"),
@@ -112,16 +112,6 @@ def _measure(operation: Callable[[], Any], reps: int, steps: Any) -> tuple[float
     return statistics.median(totals), {k: statistics.median(v) for k, v in per_phase.items()}
 
 
-def _peer(operation: Callable[[], Any], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        gc.collect()
-        start = time.perf_counter()
-        operation()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _report(title: str, total: float, phases: dict[str, float], peer: float | None,
             steps: Any) -> None:
     ratio = f", {peer / total:.2f}× safetensors" if peer else ""
@@ -182,12 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         stn = None
     peers: dict[str, float] = {}
-    if stn is not None:
-        path = os.path.join(directory, "state.safetensors")
-        peers["save"] = _peer(lambda: stn.save_file(state, path), args.reps)
-        peers["restore"] = _peer(lambda: stn.load_file(path), args.reps)
-    print(f"{workload.title}, {args.count:,} values into {directory}, medians of {args.reps}")
     try:
+        if stn is not None:
+            path = os.path.join(directory, "state.safetensors")
+            peers["save"] = _measure(lambda: stn.save_file(state, path), args.reps, ())[0]
+            peers["restore"] = _measure(lambda: stn.load_file(path), args.reps, ())[0]
+        print(f"{workload.title}, {args.count:,} values into {directory}, "
+              f"medians of {args.reps}")
         gc.collect()
         gc.freeze()  # the program's own objects, as bench/cases.py does
         _repeated(state, target, prefix, peers, args)
