@@ -210,12 +210,16 @@ def _launch(kind: str, count: int, workdir: Path, timeout: float = 120.0) -> lis
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    results = []
+    results, failures = [], []
     for i, out in enumerate(outputs):
         path = workdir / f"result-{i}.json"
         result = json.loads(path.read_text()) if path.exists() else {"ok": False}
-        assert result["ok"] and procs[i].returncode == 0, f"process {i}: {result}\n{out[-3000:]}"
+        if not (result["ok"] and procs[i].returncode == 0):
+            failures.append(f"process {i} (exit {procs[i].returncode}): {result}\n{out[-3000:]}")
         results.append(result)
+    # Every failed process, not just the first: one that waits on a collective fails because
+    # another one failed first, and that other one's output says why.
+    assert not failures, "\n\n".join(failures)
     return results
 
 
