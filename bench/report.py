@@ -78,7 +78,7 @@ class RunResult:
 
     quick: bool
     reps: int
-    workloads: dict[str, dict[str, object]]  # key -> {title, nbytes, tensors, has_bf16}
+    workloads: dict[str, dict[str, object]]  # key -> {title, nbytes, tensors, has_bf16, pid}
     locations: dict[str, str]  # name -> directory
     cases: dict[str, dict[str, dict[str, CaseResult]]] = field(default_factory=dict)
     async_: dict[str, dict[str, AsyncResult]] = field(default_factory=dict)

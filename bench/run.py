@@ -1,10 +1,12 @@
 """Benchmark trackpoint against TensorFlow, torch, safetensors, numpy and a raw copy.
 
 ``make bench`` runs this file. One command prints one set of tables: every system is measured
-interleaved in one process on the same tensors; peak RSS is measured per case in a fresh child
-process (``--child``). ``--write-doc`` rewrites docs/performance.md (``--from-json`` re-renders a
-run saved with ``--json`` without measuring). ``--quick --dry`` is a fast end-to-end check (tiny
-sizes, one repetition, no children, writes nothing).
+interleaved in one process on the same tensors, and each workload runs in a process of its own
+(``--in-process`` keeps them in this one), so what one workload leaves behind (a heap grown by
+1 GiB of arrays, imported peers' caches) does not slow the next; peak RSS is measured per case
+in a fresh child process (``--child``). ``--write-doc`` rewrites docs/performance.md
+(``--from-json`` re-renders a run saved with ``--json`` without measuring). ``--quick --dry``
+is a fast end-to-end check (tiny sizes, one repetition, no children, writes nothing).
 
 Importable: ``from bench.run import main; main(["--quick", "--dry"])`` returns an exit code.
 """
@@ -17,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,8 +83,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", help="also dump raw measurements to this file")
     p.add_argument("--from-json", metavar="PATH",
                    help="measure nothing: re-render a run saved with --json (with --write-doc)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every workload in this process (default: one child process "
+                   "per workload; --dry always runs in this process)")
     p.add_argument("-v", "--verbose", action="store_true")
-    child = p.add_argument_group("internal: one peak-RSS case per process")
+    child = p.add_argument_group("internal: one workload or one peak-RSS case per process")
+    child.add_argument("--workload-child", metavar="PATH", help=argparse.SUPPRESS)
+    child.add_argument("--prefault-gib", type=int, help=argparse.SUPPRESS)
     child.add_argument("--child", choices=("save", "restore"), help=argparse.SUPPRESS)
     child.add_argument("--workload", help=argparse.SUPPRESS)
     child.add_argument("--system", help=argparse.SUPPRESS)
@@ -209,6 +217,84 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)}")
     workloads = [get_workload(k, quick=args.quick) for k in keys]
+    prefaulted = _prefault_bytes(args, workloads)
+    if len(workloads) > 1 and not (args.dry or args.in_process or args.workload_child):
+        run, failed = _run_isolated(args, workloads, prefaulted, progress)
+    else:
+        run, failed = _run_here(args, workloads, prefaulted, progress)
+    run.duration_s = time.perf_counter() - started
+    if args.workload_child:
+        Path(args.workload_child).write_text(json.dumps(asdict(run), default=str))
+        return 1 if failed else 0
+    _output(args, run, out, progress)
+    progress.print(f"bench finished in {run.duration_s / 60:.1f} min")
+    return 1 if failed else 0
+
+
+def _prefault_bytes(args: argparse.Namespace, workloads: list[Workload]) -> int:
+    """Memory to touch before measuring: whole GiB, 5× the largest workload, at most 8 GiB."""
+    if args.prefault_gib is not None:
+        return args.prefault_gib << 30
+    if args.quick or args.dry or args.no_prefault:
+        return 0
+    return min(5 * max(w.nbytes for w in workloads), 8 << 30) >> 30 << 30
+
+
+def _child_argv(args: argparse.Namespace, workload: str, out: str, prefaulted: int) -> list[str]:
+    """This run's options for one workload's process, which writes its RunResult to ``out``."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--workloads", workload,
+            "--workload-child", out, "--prefault-gib", str(prefaulted >> 30),
+            "--where", args.where, "--reps", str(args.reps), "--case-budget",
+            str(args.case_budget), "--rss", args.rss, "--rss-workloads", args.rss_workloads,
+            "--seed", str(args.seed), "--disk-dir", args.disk_dir]
+    for flag, value in (("--systems", args.systems), ("--rss-where", args.rss_where)):
+        if value:
+            argv += [flag, value]
+    for flag, on in (("--big", args.big), ("--quick", args.quick), ("--cold", args.cold),
+                     ("--verbose", args.verbose)):
+        if on:
+            argv.append(flag)
+    return argv
+
+
+def _run_isolated(args: argparse.Namespace, workloads: list[Workload], prefaulted: int,
+                  progress: Any) -> tuple[report.RunResult, bool]:
+    """Each workload in a fresh process, merged into one run; True on a failure.
+
+    A workload measured after another in the same process inherits its heap and caches: the
+    100,000-value dict measured after the 1 GiB one ran trackpoint's object layer up to 1.8×
+    slower than alone, and its peers by other factors, so the ratios depended on the order.
+    """
+    run = report.RunResult(
+        quick=args.quick, reps=args.reps, cold=args.cold, workloads={}, locations={},
+        machine=measure.machine_info(REPO, {"shm": "/dev/shm", "disk": args.disk_dir}),
+    )
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="trackpoint-bench-") as tmp:
+        for workload in workloads:
+            out = os.path.join(tmp, f"{workload.key}.json")
+            code = subprocess.call(_child_argv(args, workload.key, out, prefaulted))
+            failed |= code != 0
+            if not os.path.exists(out):
+                progress.print(f"[bold red]{workload.key}: its process exited with {code} "
+                               "before writing any result[/]")
+                continue
+            part = report.RunResult.from_dict(json.loads(Path(out).read_text()))
+            run.workloads.update(part.workloads)
+            run.locations.update(part.locations)
+            run.cases.update(part.cases)
+            run.async_.update(part.async_)
+            run.rss.update(part.rss)
+            run.rss_location = part.rss_location
+            run.footnotes += [n for n in part.footnotes if n not in run.footnotes]
+    run.footnotes.append("Each workload ran in a process of its own (its systems interleaved "
+                         "in it), so no workload inherits the heap or caches another left.")
+    return run, failed
+
+
+def _run_here(args: argparse.Namespace, workloads: list[Workload], prefaulted: int,
+              progress: Any) -> tuple[report.RunResult, bool]:
+    """Every workload in this process, systems interleaved; True on a failure."""
     systems = make_systems(args.systems.split(",") if args.systems else None)
     locations = _locations(args)
     if not locations:
@@ -237,13 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         run = report.RunResult(
             quick=args.quick, reps=args.reps, cold=args.cold,
             workloads={w.key: {"title": w.title, "nbytes": w.nbytes, "tensors": len(w.specs),
-                               "has_bf16": w.has_bf16} for w in workloads},
+                               "has_bf16": w.has_bf16, "pid": os.getpid()} for w in workloads},
             locations=locations,
             machine=measure.machine_info(REPO, {"shm": "/dev/shm", "disk": args.disk_dir}),
         )
-        prefaulted = 0
-        if not (args.quick or args.dry or args.no_prefault):
-            prefaulted = min(5 * max(w.nbytes for w in workloads), 8 << 30) >> 30 << 30
+        if prefaulted:
             progress.print(f"pre-faulting {prefaulted >> 30} GiB of memory")
             _prefault(prefaulted)
         rss_loc = args.rss_where or ("disk" if "disk" in locations else next(iter(locations)))
@@ -252,13 +336,10 @@ def main(argv: list[str] | None = None) -> int:
             failed |= _run_workload(args, workload, systems, ready, reasons, locations, run,
                                     progress)
         run.footnotes = _footnotes(run, systems, reasons, workloads, prefaulted)
-        run.duration_s = time.perf_counter() - started
-        _output(args, run, out, progress)
-        progress.print(f"bench finished in {run.duration_s / 60:.1f} min")
     finally:
         for d in locations.values():
             shutil.rmtree(d, ignore_errors=True)
-    return 1 if failed else 0
+    return run, failed
 
 
 def _output(args: argparse.Namespace, run: report.RunResult, out: Any, progress: Any) -> None:
