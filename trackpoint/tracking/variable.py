@@ -259,25 +259,10 @@ def prepare_variable_restores(
         The step that copies every value in, in order.
     """
     saved_list = list(saved_values)
-    targets: list[np.ndarray] = []
-    add_target = targets.append
+    targets: list[np.ndarray] = list(map(_VALUE, variables))
     others: dict[int, Callable[[], None]] = {}  # index -> _prepare_restore's step
-    ndarray = np.ndarray
-    for index, (variable, saved) in enumerate(zip(variables, saved_list)):
-        value = variable._value
-        add_target(value)
-        if (  # _prepare_restore's test for the usual case
-            type(saved) is ndarray
-            and saved.shape == value.shape
-            and saved.dtype == value.dtype
-            and not value.dtype.hasobject
-            and value.flags.writeable
-        ):
-            continue
-        try:
-            others[index] = variable._prepare_restore({VARIABLE_VALUE_KEY: saved})
-        except InvalidArgumentError as exc:
-            raise on_error(index, exc) from exc
+    if not _all_usual(targets, saved_list):
+        others = _unusual_steps(variables, targets, saved_list, on_error)
 
     def apply() -> None:
         # Same shape and dtype: `target[...] = saved` is np.copyto(target, saved,
@@ -296,7 +281,48 @@ def prepare_variable_restores(
     return apply
 
 
+def _all_usual(targets: list[np.ndarray], saved: list[Any]) -> bool:
+    """Whether every pair is ``_prepare_restore``'s usual case, tested a list at a time:
+    exactly an ndarray of the holder's shape and dtype, for a writeable non-object holder."""
+    if len(targets) != len(saved) or set(map(type, saved)) - {np.ndarray}:
+        return False
+    dtypes = list(map(_DTYPE, targets))
+    if any(dtype.hasobject for dtype in set(dtypes)) or dtypes != list(map(_DTYPE, saved)):
+        return False
+    return (list(map(_SHAPE, targets)) == list(map(_SHAPE, saved))
+            and all(map(_WRITEABLE, targets)))
+
+
+def _unusual_steps(
+    variables: Sequence[Variable],
+    targets: list[np.ndarray],
+    saved_list: list[Any],
+    on_error: Callable[[int, InvalidArgumentError], BaseException],
+) -> dict[int, Callable[[], None]]:
+    """``_prepare_restore``'s step of each pair that is not the usual case, by index."""
+    others: dict[int, Callable[[], None]] = {}
+    ndarray = np.ndarray
+    for index, (variable, value, saved) in enumerate(zip(variables, targets, saved_list)):
+        if (  # _prepare_restore's test for the usual case
+            type(saved) is ndarray
+            and saved.shape == value.shape
+            and saved.dtype == value.dtype
+            and not value.dtype.hasobject
+            and value.flags.writeable
+        ):
+            continue
+        try:
+            others[index] = variable._prepare_restore({VARIABLE_VALUE_KEY: saved})
+        except InvalidArgumentError as exc:
+            raise on_error(index, exc) from exc
+    return others
+
+
 _KIND_OF = operator.attrgetter("dtype.kind")
+_VALUE = operator.attrgetter("_value")
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
+_WRITEABLE = operator.attrgetter("flags.writeable")
 
 
 def _adapted(variable: Variable, array: np.ndarray) -> Variable:
