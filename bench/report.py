@@ -416,8 +416,9 @@ def render_markdown(run: RunResult, tables: list[Table], targets: list[TargetRow
         "",
         "## Method",
         "",
-        "- All systems run interleaved in one process on the same tensors (same seed), in an "
-        "order rotated every repetition; each cell is the median over repetitions. A case "
+        "- Each workload runs in a fresh process of its own; in it, all systems run "
+        "interleaved on the same tensors (same seed), in an order rotated every repetition; "
+        "each cell is the median over repetitions. A case "
         "stops repeating once it has used its time budget (column *runs*).",
         "- **save**: from the system's own in-memory objects (tf.Variables, torch tensors, "
         "numpy arrays; building them is not timed) to files made durable: every file the "
