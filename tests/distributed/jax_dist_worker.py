@@ -15,6 +15,8 @@ Scenarios (run by tests/distributed/test_jax_processes.py):
   devices (any process count), compared with ``expected.npz``, shard by shard.
 * ``kill``: a first save succeeds; in the second, process ``KILL_PROCESS`` kills itself once
   its shard is written, and the others must fail with a ``CollectiveError``.
+* ``no-torch``: torch cannot be imported (as where it is not installed); global arrays and a
+  numpy ``Slice`` are saved and restored through ``DistributedCheckpoint``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+if sys.argv[1:2] == ["no-torch"]:
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` now fails
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -304,6 +308,49 @@ def scenario_kill(workdir: Path) -> dict[str, Any]:
         }
 
 
+def scenario_no_torch(workdir: Path) -> dict[str, Any]:
+    import trackpoint as tp
+    import trackpoint.distributed as tpd
+
+    result: dict[str, Any] = {}
+    try:
+        result["torch_name"] = repr(tpd.TorchCollective)
+    except ImportError as exc:
+        result["torch_name"] = str(exc)
+    me, count = jax.process_index(), jax.process_count()
+    full = np.arange(2 * count * 3, dtype=np.float32).reshape(2 * count, 3)
+    mine = full[2 * me : 2 * me + 2].copy()
+    ckpt = tpd.DistributedCheckpoint(
+        arrays=arrays(1), table=tpd.Slice(mine, full.shape, (2 * me, 0)), timeout=60.0
+    )
+    result["collective"] = type(ckpt.collective).__name__
+    path = ckpt.save(str(workdir / "ckpts" / "ckpt"))
+    # Another split of the table: each process restores the rows of the next one.
+    other = (me + 1) % count
+    table = np.zeros((2, 3), np.float32)
+    back = tpd.DistributedCheckpoint(table=tpd.Slice(table, full.shape, (2 * other, 0)))
+    back.read(path).expect_partial()
+    result["table"] = bool(np.array_equal(table, full[2 * other : 2 * other + 2]))
+    specs = restore_specs()
+    target = {
+        "arrays": {
+            name: jax.ShapeDtypeStruct(shape, np.float32, sharding=sharding(specs[name]))
+            for name, shape in SHAPES.items()
+        }
+    }
+    restored = tp.jax.restore(path, target, partial=True)
+    expected = {f"['arrays']['{name}']": full_value(name, shape, 1)
+                for name, shape in SHAPES.items()}
+    result["checked"] = compare(restored, expected)  # raises on a mismatch
+    result["loaded"] = sorted(
+        name for name, module in sys.modules.items()
+        if module is not None
+        and name.split(".")[0] in ("torch", "trackpoint")
+        and "torch" in name
+    )
+    return result
+
+
 def main() -> None:
     scenario, workdir, port, count, index = sys.argv[1:6]
     workdir_path = Path(workdir)
@@ -319,6 +366,7 @@ def main() -> None:
             "scenario_save": scenario_save,
             "scenario_restore": scenario_restore,
             "scenario_kill": scenario_kill,
+            "scenario_no-torch": scenario_no_torch,
         }[f"scenario_{scenario}"](workdir_path)
         result["ok"] = True
     except Exception as exc:

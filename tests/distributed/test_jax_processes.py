@@ -182,6 +182,24 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path: Path
     assert reader.get_tensor("arrays/rows/.ATTRIBUTES/VARIABLE_VALUE").shape == (16, 4)
 
 
+def test_jax_processes_save_and_restore_without_torch(tmp_path: Path) -> None:
+    # Where torch is not installed (`pip install trackpoint[jax]`), trackpoint.distributed
+    # works over jax.distributed; only the torch names say what is missing.
+    results = launch("no-torch", 2, tmp_path)
+    assert all(rc == 0 and res and res["ok"] for rc, res, _ in results), report(results)
+    for _, res, _ in results:
+        assert res["collective"] == "JaxCollective"
+        assert "TorchCollective needs torch, which is not installed" in res["torch_name"]
+        assert res["table"] is True  # the numpy Slice, restored from another process's rows
+        assert len(res["checked"]) == 4
+        assert res["loaded"] == []  # neither torch nor trackpoint's torch modules
+    reader = tp.load_checkpoint(tmp_path / "ckpts" / "ckpt-1")
+    np.testing.assert_array_equal(
+        reader.get_tensor("table/.ATTRIBUTES/VARIABLE_VALUE"),
+        np.arange(12, dtype=np.float32).reshape(4, 3),
+    )
+
+
 # -- the collective over threads, with an in-memory key-value store ------------------------------
 
 

@@ -24,20 +24,13 @@ from typing import Any
 from trackpoint._types import PathLike, fspath
 from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.checkpoint.load_status import LoadStatus
-from trackpoint.distributed.collective import Collective, LocalCollective, TorchCollective
+from trackpoint.distributed.collective import Collective, LocalCollective
 from trackpoint.distributed.jax_collective import JaxCollective, jax_distributed_initialized
-from trackpoint.distributed.optimizers import (
-    init_sharded_optimizer_state,
-    needs_sharded_optimizer_state,
-    propagate_optimizer_layouts,
-)
 from trackpoint.distributed.read_plan import IndexView, PrefetchedStorage, read_requests
 from trackpoint.distributed.saver import DistributedSaver, error_message, raise_collected
-from trackpoint.distributed.sharded import ShardedTensorVariable, layout_of
 from trackpoint.errors import CheckpointError, InvalidArgumentError
 from trackpoint.graph.serialize import serialize_graph
 from trackpoint.graph.walk import ObjectGraphView, list_objects
-from trackpoint.integrations.torch_tensors import TensorVariable
 from trackpoint.management.paths import resolve_prefix
 from trackpoint.saving import CheckpointOptions, get_registered_saver_name
 from trackpoint.saving.restore import RestoreAgreement, restore_agreement
@@ -52,9 +45,19 @@ _BACKENDS = ("torch", "jax")
 
 
 def _torch_initialized() -> bool:
-    import torch.distributed as dist
+    # Nobody initialized torch.distributed without importing it: no import of torch here.
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
-    return bool(dist.is_available() and dist.is_initialized())
+
+def _torch_optimizers() -> Any:
+    """``trackpoint.distributed.optimizers`` if torch values can be tracked here, else None
+    (torch is not installed: there is no torch optimizer, tensor or adapter to look after)."""
+    if "trackpoint.integrations.torch_tensors" not in sys.modules:
+        return None  # never imported: no torch value was ever given an adapter
+    from trackpoint.distributed import optimizers
+
+    return optimizers
 
 
 def _collective_for(group: Any, timeout: float, backend: str | None = None) -> Collective:
@@ -77,6 +80,8 @@ def _collective_for(group: Any, timeout: float, backend: str | None = None) -> C
             )
         return JaxCollective(timeout=timeout)
     if backend == "torch" or _torch_initialized():
+        from trackpoint.distributed.torch_collective import TorchCollective  # needs torch
+
         return TorchCollective(group, timeout=timeout)  # raises if not initialized
     if group is not None:
         raise InvalidArgumentError(
@@ -97,6 +102,11 @@ def _process_group_values() -> contextlib.AbstractContextManager[None]:
 
 def _check_adapters(objects: Any) -> None:
     """Refuse sharded tensors that got a plain adapter (marked, or imported, too late)."""
+    if _torch_optimizers() is None:
+        return  # no tensor adapter exists
+    from trackpoint.distributed.torch_sharded import ShardedTensorVariable, layout_of
+    from trackpoint.integrations.torch_tensors import TensorVariable
+
     for obj in objects:
         if isinstance(obj, TensorVariable) and not isinstance(obj, ShardedTensorVariable):
             if layout_of(obj.tensor) is not None:
@@ -252,7 +262,11 @@ class DistributedCheckpoint(Checkpoint):
         """
         view = self.object_graph_view
         try:
-            propagate_optimizer_layouts(list_objects(view, skip_slot_variables=True))
+            optimizers = _torch_optimizers()
+            if optimizers is not None:
+                optimizers.propagate_optimizer_layouts(
+                    list_objects(view, skip_slot_variables=True)
+                )
             with _process_group_values():
                 graph = serialize_graph(view, registered_saver_for=get_registered_saver_name)
             _check_adapters(graph.objects)
@@ -325,12 +339,14 @@ class DistributedCheckpoint(Checkpoint):
             # The index is parsed here only when needed: the restore parses it anyway, and
             # with many ranks it lists many slices.
             index: IndexView | None = None
-            if needs_sharded_optimizer_state(objects):
-                index = IndexView.load(prefix, storage)
-            if index is not None and index.has_slot_variables():
-                init_sharded_optimizer_state(objects)
-            else:
-                propagate_optimizer_layouts(objects)
+            optimizers = _torch_optimizers()
+            if optimizers is not None:
+                if optimizers.needs_sharded_optimizer_state(objects):
+                    index = IndexView.load(prefix, storage)
+                if index is not None and index.has_slot_variables():
+                    optimizers.init_sharded_optimizer_state(objects)
+                else:
+                    optimizers.propagate_optimizer_layouts(objects)
             if self._should_coalesce(storage):
                 index = index or IndexView.load(prefix, storage)
                 prefetched = self._prefetch(view, index, storage, options)

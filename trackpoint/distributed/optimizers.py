@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from trackpoint.distributed.sharded import marked_layout, propagate_layout
+from trackpoint.distributed.torch_sharded import marked_layout, propagate_layout
 from trackpoint.integrations.torch_optim import OptimizerAdapter
 
 __all__ = ["init_sharded_optimizer_state", "needs_sharded_optimizer_state",
