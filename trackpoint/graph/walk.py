@@ -274,7 +274,7 @@ def check_slot_variables_reachable(walk: GraphWalk) -> None:
             path = readable_path(walk.paths[id(optimizer)])
             raise InvalidArgumentError(
                 f"{path} holds {description}, which is not reachable from the checkpoint's "
-                "root: its value and its optimizer state would not be saved. Add the module "
+                "root: its value (and any optimizer state) would not be saved. Add the module "
                 "or tensor that owns it to the checkpoint (e.g. tp.Checkpoint(model=model, "
                 "optimizer=optimizer, extra=tensor)), or remove it from the optimizer."
             )

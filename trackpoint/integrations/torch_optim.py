@@ -168,6 +168,10 @@ class OptimizerAdapter(SlotOwner):
         self._optimizer = optimizer
         self._config = OptimizerConfig(optimizer)
         self._slot_adapters: dict[tuple[str, int], TensorVariable] = {}
+        # id(param) -> (group, index in group["params"]), rebuilt when a lookup misses: planning
+        # a restore asks once per slot, so a scan of every parameter each time is quadratic.
+        self._param_index: dict[int, tuple[dict[str, Any], int]] = {}
+        self._param_index_shape: list[tuple[int, int]] = []
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -193,17 +197,38 @@ class OptimizerAdapter(SlotOwner):
     def _params(self) -> list[torch.Tensor]:
         return [p for group in self._optimizer.param_groups for p in group["params"]]
 
+    def _group_of(self, param: torch.Tensor) -> dict[str, Any] | None:
+        """The param group holding ``param`` (by identity), or None; O(1) while groups hold."""
+        found = self._param_index.get(id(param))
+        if found is not None:
+            group, index = found
+            params = group["params"]
+            if index < len(params) and params[index] is param:
+                return group
+        groups = self._optimizer.param_groups
+        shape = [(id(group["params"]), len(group["params"])) for group in groups]
+        if found is None and shape == self._param_index_shape:
+            return None  # not this optimizer's parameter, and the groups are as indexed
+        # Groups edited since the index was built (add_param_group, a list edited in place):
+        # rebuild once and answer from the fresh index.
+        self._param_index = {
+            id(p): (group, index) for group in groups for index, p in enumerate(group["params"])
+        }
+        self._param_index_shape = shape
+        found = self._param_index.get(id(param))
+        return None if found is None else found[0]
+
     def _slot_variables(self) -> list[tuple[str, Any]]:
-        # docstring inherited: every parameter with state (Adam's moments, SGD's momentum);
-        # a parameter without state has nothing here to lose (an optimizer-only checkpoint of
-        # hyperparameters stays possible).
+        # docstring inherited: every parameter, with or without state. A parameter the root
+        # does not reach would be left out of the checkpoint (its value, and its state if it
+        # has any) while the optimizer keeps updating it: plain SGD has no state to miss, yet
+        # the value is lost all the same, so the save refuses it by name.
         state = self._optimizer.state
         return [
-            (f"parameter {index} of param_groups[{group_index}] (shape {tuple(param.shape)}) "
-             "and its optimizer state", param)
+            (f"parameter {index} of param_groups[{group_index}] (shape {tuple(param.shape)})"
+             + (" and its optimizer state" if state.get(param) else ""), param)
             for group_index, group in enumerate(self._optimizer.param_groups)
             for index, param in enumerate(group["params"])
-            if state.get(param)
         ]
 
     def get_slot_names(self) -> list[str]:
@@ -252,11 +277,9 @@ class OptimizerAdapter(SlotOwner):
     def _state_device(self, param: torch.Tensor, slot_name: str) -> torch.device:
         """Where torch keeps this state (``Optimizer._process_value_according_to_param_policy``)."""
         if slot_name == "step":
-            for group in self._optimizer.param_groups:
-                if any(p is param for p in group["params"]):
-                    if group.get("capturable") or group.get("fused"):
-                        return param.device
-                    return torch.device("cpu")
+            group = self._group_of(param)
+            if group is not None and not (group.get("capturable") or group.get("fused")):
+                return torch.device("cpu")
         return param.device
 
     def _plan_slot_variable(
@@ -264,7 +287,7 @@ class OptimizerAdapter(SlotOwner):
     ) -> Trackable | None:
         # docstring inherited
         param = _param_of(variable)
-        if param is None or not any(p is param for p in self._params()):
+        if param is None or self._group_of(param) is None:
             return None  # not this optimizer's parameter: the slot stays unresolved
         existing = self.get_slot(variable, slot_name)
         if existing is not None:
