@@ -4,10 +4,12 @@
 (``DIR/full.npz``), then, in the same process, a second model for FIRST epochs only, saving
 with ``TrackpointCheckpoint`` into ``DIR/run`` (and other callback settings into ``DIR/best``
 and ``DIR/batches``); ``DIR/train.json`` records what the directories hold.
-``python keras_worker.py resume DIR FIRST THEN``: in a fresh process, build a model from another
-seed (keras names its layers ``dense``, ``dense_1``; the saving run's were ``dense_2``,
-``dense_3``), ``tp.keras.restore`` ``DIR/run``, fit up to FIRST+THEN epochs (``DIR/resume.npz``);
-restoring into a model of another architecture must fail (``DIR/resume.json``).
+``python keras_worker.py resume DIR FIRST THEN [callback|restore]``: in a fresh process, build a
+model from another seed (keras names its layers ``dense``, ``dense_1``; the saving run's were
+``dense_2``, ``dense_3``) and fit up to FIRST+THEN epochs, resuming ``DIR/run`` with
+``TrackpointCheckpoint(resume=True)`` (``DIR/resume.npz``; restoring into a model of another
+architecture must fail: ``DIR/resume.json``) or with ``tp.keras.restore`` and
+``fit(initial_epoch=...)`` (``DIR/resume-restore.npz``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def build(seed: int, hidden: int = 8) -> keras.Model:
     model = keras.Sequential([
         keras.Input((4,)),
         keras.layers.Dense(hidden, activation="relu"),
+        # Unseeded: the torch backend draws its masks from torch's global generator, the
+        # jax backend from the layer's SeedGenerator variable (issue 27 #16).
+        keras.layers.Dropout(0.25),
         keras.layers.Dense(1),
     ])
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
@@ -83,10 +88,19 @@ def train(out: Path, first: int, then: int) -> None:
     }, (out / "train.json").open("w"))
 
 
-def resume(out: Path, first: int, then: int) -> None:
-    model = build(1)  # paths sequential/dense/kernel…, saved as sequential_1/dense_2/kernel…
-    epoch = tp.keras.restore(model, out / "run")
-    fit(model, first + then, initial_epoch=epoch)
+def resume(out: Path, first: int, then: int, how: str = "callback") -> None:
+    if how == "restore":  # tp.keras.restore, then fit(initial_epoch=...)
+        model = build(1)  # paths sequential/dense/kernel…, saved as sequential_1/dense_2/kernel…
+        epoch = tp.keras.restore(model, out / "run")
+        fit(model, first + then, initial_epoch=epoch)
+        record(model, out / "resume-restore.npz")
+        return
+    epoch = tp.keras.restore(build(4), out / "run")
+    model = build(1)
+    # resume=True restores where fit starts its epochs, after fit's own start-up draws
+    # from the global generators (the torch backend makes one), as BackupAndRestore does.
+    fit(model, first + then,
+        [tp.keras.TrackpointCheckpoint(out / "run", max_to_keep=None, resume=True)])
     record(model, out / "resume.npz")
 
     wrong = build(1, hidden=16)
@@ -112,5 +126,6 @@ def resume(out: Path, first: int, then: int) -> None:
 
 
 if __name__ == "__main__":
-    mode, directory, first_epochs, then_epochs = sys.argv[1:]
-    {"train": train, "resume": resume}[mode](Path(directory), int(first_epochs), int(then_epochs))
+    mode, directory, first_epochs, then_epochs, *how = sys.argv[1:]
+    {"train": train, "resume": resume}[mode](Path(directory), int(first_epochs), int(then_epochs),
+                                            *how)

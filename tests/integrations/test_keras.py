@@ -31,20 +31,27 @@ def test_keras_fit_resumed_in_a_fresh_process_matches_uninterrupted_fit(tmp_path
     pytest.importorskip(backend)
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3",
            "JAX_PLATFORMS": "cpu"}
-    for mode in ("train", "resume"):
+    # The model has an unseeded Dropout: on the torch backend its masks come from torch's
+    # global generator, which the checkpoint must carry (issue 27 #16).
+    runs = [("train",), ("resume", "callback")]
+    if backend == "jax":  # no start-up draws on jax: restoring before fit is exact too
+        runs.append(("resume", "restore"))
+    for mode, *how in runs:
         result = subprocess.run(
-            [sys.executable, str(WORKER), mode, str(tmp_path), str(FIRST), str(THEN)],
+            [sys.executable, str(WORKER), mode, str(tmp_path), str(FIRST), str(THEN), *how],
             capture_output=True, text=True, timeout=300, env=env,
         )
         assert result.returncode == 0, result.stderr[-3000:]
 
-    with np.load(tmp_path / "full.npz") as full, np.load(tmp_path / "resume.npz") as resumed:
-        assert sorted(full.files) == sorted(resumed.files)
-        assert len([name for name in full.files if name.startswith("optimizer")]) > 2
-        for name in full.files:
-            a, b = full[name], resumed[name]
-            assert a.dtype == b.dtype and a.shape == b.shape, name
-            assert a.tobytes() == b.tobytes(), name
+    resumed_files = ["resume.npz"] + (["resume-restore.npz"] if backend == "jax" else [])
+    for resumed_file in resumed_files:
+        with np.load(tmp_path / "full.npz") as full, np.load(tmp_path / resumed_file) as resumed:
+            assert sorted(full.files) == sorted(resumed.files)
+            assert len([name for name in full.files if name.startswith("optimizer")]) > 2
+            for name in full.files:
+                a, b = full[name], resumed[name]
+                assert a.dtype == b.dtype and a.shape == b.shape, (resumed_file, name)
+                assert a.tobytes() == b.tobytes(), (resumed_file, name)
 
     train = json.loads((tmp_path / "train.json").read_text())
     assert _checkpoints(train["full"]) == [FIRST + THEN - 1, FIRST + THEN]  # max_to_keep=2
@@ -55,6 +62,10 @@ def test_keras_fit_resumed_in_a_fresh_process_matches_uninterrupted_fit(tmp_path
     assert "model/dense_2/kernel/.ATTRIBUTES/VARIABLE_VALUE" in train["keys"]
     assert "optimizer/iteration/.ATTRIBUTES/VARIABLE_VALUE" in train["keys"]
     assert "epoch/.ATTRIBUTES/VARIABLE_VALUE" in train["keys"]
+    assert "rng/python/.ATTRIBUTES/py_state" in train["keys"]
+    assert "rng/numpy/.ATTRIBUTES/py_state" in train["keys"]
+    assert ("rng/torch/cpu/.ATTRIBUTES/VARIABLE_VALUE" in train["keys"]) == (backend == "torch")
+    assert not any(key.startswith("rng/") for key in train["best_keys"])  # weights only
     assert not any(key.startswith("optimizer/") for key in train["best_keys"])
     assert 1 <= len(_checkpoints(train["best"])) <= FIRST
 

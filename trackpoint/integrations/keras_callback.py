@@ -3,8 +3,8 @@
 The callback takes ``ModelCheckpoint``'s arguments with a directory in place of ``filepath``,
 and keeps the newest ``max_to_keep`` checkpoints there through ``tp.CheckpointManager``
 (``ckpt-1``, ``ckpt-2``, … and the ``checkpoint`` state file). Each checkpoint holds the model's
-variables, the optimizer's (unless ``save_weights_only``) and the number of completed epochs;
-``tp.keras.restore`` reads them back.
+variables, the optimizer's and the process's random generators (unless
+``save_weights_only``) and the number of completed epochs; ``tp.keras.restore`` reads them back.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import numpy as np
 from trackpoint._types import PathLike, fspath
 from trackpoint.checkpoint import Checkpoint
 from trackpoint.errors import InvalidArgumentError
+from trackpoint.integrations.keras_restore import restore
+from trackpoint.integrations.keras_rng import RNG_NAME, GlobalRandomState
 from trackpoint.integrations.keras_variables import EPOCH_NAME, MODEL_NAME, OPTIMIZER_NAME
 from trackpoint.management import CheckpointManager
 from trackpoint.saving import CheckpointOptions
@@ -77,6 +79,11 @@ class TrackpointCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # k
         checkpoint_name: the prefixes' base name.
         options: ``tp.CheckpointOptions`` for each save (``enable_async=True`` writes in the
             background while training goes on; ``fit`` waits for the last write at its end).
+        resume: when ``directory`` holds a checkpoint, restore it as ``fit`` starts (as
+            keras's ``BackupAndRestore`` does) and continue from its epoch. The random
+            generators are set there, after ``fit``'s own start-up draws, so a resumed fit
+            draws the same dropout masks and shuffles as the uninterrupted one; a
+            ``tp.keras.restore`` before ``fit`` sets them before those draws.
 
     Raises:
         InvalidArgumentError: ``save_freq`` is neither ``"epoch"`` nor a positive int, or
@@ -97,6 +104,7 @@ class TrackpointCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # k
         max_to_keep: int | None = 5,
         checkpoint_name: str = "ckpt",
         options: CheckpointOptions | None = None,
+        resume: bool = False,
     ) -> None:
         super().__init__()
         if save_freq != "epoch" and (
@@ -114,6 +122,8 @@ class TrackpointCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # k
         self.max_to_keep = max_to_keep
         self.checkpoint_name = checkpoint_name
         self.options = options
+        self.resume = resume
+        self._resumed_epoch: int | None = None
         self._sign = _monitor_sign(monitor, mode) if save_best_only else 1.0
         self.best = initial_value_threshold
         self._epoch = Variable(np.zeros((), dtype=np.int64), name=EPOCH_NAME)
@@ -139,6 +149,10 @@ class TrackpointCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # k
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and not self.save_weights_only:
             children[OPTIMIZER_NAME] = optimizer
+        if not self.save_weights_only:
+            # Unseeded dropout and shuffling draw from the process's generators: a resumed
+            # fit repeats the uninterrupted one only if they are restored too.
+            children[RNG_NAME] = GlobalRandomState()
         self._manager = CheckpointManager(
             Checkpoint(**children), self.directory, self.max_to_keep,
             checkpoint_name=self.checkpoint_name,
@@ -147,6 +161,13 @@ class TrackpointCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # k
         # counted here because an async save records itself only once written.
         latest = self._manager.latest_checkpoint
         self._next_number = int(latest.rpartition("-")[2]) + 1 if latest else 1
+        if self.resume and latest:
+            # keras's own resumption hook (BackupAndRestore): fit reads _initial_epoch right
+            # after on_train_begin.
+            self._resumed_epoch = restore(self.model, latest, weights_only=self.save_weights_only)
+            self.model._initial_epoch = self._resumed_epoch
+            if self.verbose:
+                logger.info("resumed from %s (epoch %d)", latest, self._resumed_epoch)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         # docstring inherited
@@ -173,6 +194,9 @@ class TrackpointCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # k
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         # docstring inherited
         manager, self._manager = self._manager, None
+        if self._resumed_epoch is not None and self.model is not None:
+            self.model._initial_epoch = None  # a later fit starts where its caller says
+            self._resumed_epoch = None
         if manager is not None:
             manager.sync()  # an async save must be complete when fit returns
             manager.close()
