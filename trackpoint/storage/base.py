@@ -185,6 +185,13 @@ class Storage(ABC):
     def basename(self, path: str) -> str:
         return posixpath.basename(path)
 
+    def describe(self, path: str) -> str:
+        """What ``path`` is, with its article, for messages: ``"a regular file"``, ``"a
+        directory"``, ``"a missing path"``, ... (local disks also tell FIFOs, sockets,
+        devices and dangling symbolic links apart). Never opens ``path``.
+        """
+        return "an existing path" if self.exists(path) else "a missing path"
+
     def read_bytes(self, path: str) -> bytes:
         """The whole file at ``path``."""
         with self.open_range_reader(path) as reader:
@@ -314,6 +321,10 @@ class DelegatingStorage(Storage):
     def sync_dir(self, path: str) -> None:
         # docstring inherited
         self.inner.sync_dir(path)
+
+    def describe(self, path: str) -> str:
+        # docstring inherited
+        return self.inner.describe(path)
 
     def link(self, src: str, dst: str) -> str:
         # docstring inherited

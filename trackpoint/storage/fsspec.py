@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from trackpoint.errors import CheckpointError, DataLossError, InvalidArgumentError, NotFoundError
 from trackpoint.storage._errors import map_os_error
+from trackpoint.storage._regular import not_regular_error
 from trackpoint.storage.base import RangeReader, Storage, write_view
 
 if TYPE_CHECKING:
@@ -95,8 +96,10 @@ class FsspecRangeReader(RangeReader):
             info = fs.info(path)
         except OSError as exc:
             raise map_os_error(exc, path, "opening for read") from exc
-        if info.get("type") == "directory":
-            raise InvalidArgumentError(f"{path} is a directory, not a file", path=path)
+        kind = info.get("type")
+        if kind not in (None, "file"):  # a directory; "other": a FIFO or device (local fs)
+            what = "a directory" if kind == "directory" else f"of fsspec type {kind!r}"
+            raise not_regular_error(path, what, "opening for read")
         self._size = int(info["size"])
 
     @property
@@ -187,6 +190,19 @@ class FsspecStorage(Storage):
             return bool(self.fs.exists(path))
         except OSError as exc:
             raise map_os_error(exc, path, "checking for") from exc
+
+    def describe(self, path: str) -> str:
+        # docstring inherited
+        self.fs.invalidate_cache(path)
+        try:
+            kind = self.fs.info(path).get("type")
+        except FileNotFoundError:
+            return "a missing path"
+        except OSError as exc:
+            return f"a path that cannot be examined ({exc})"
+        return {"file": "a regular file", "directory": "a directory"}.get(
+            str(kind), f"not a regular file (fsspec type {kind!r})"
+        )
 
     def size(self, path: str) -> int:
         # docstring inherited

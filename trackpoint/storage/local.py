@@ -16,6 +16,7 @@ import shutil
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 from trackpoint.storage._errors import map_os_error
+from trackpoint.storage._regular import describe_local_path, open_regular
 from trackpoint.storage.base import RangeReader, Storage, write_view
 from trackpoint.storage.lock import (
     DirectoryLock,
@@ -140,15 +141,19 @@ class LocalRangeReader(RangeReader):
 
     def __init__(self, path: str) -> None:
         self.path = path
+        # Regular files only, opened without blocking: a FIFO or device in a checkpoint's place
+        # is refused here instead of hanging the reader (see trackpoint.storage._regular).
+        fd = open_regular(_local(path), name=path)
         try:
-            with open(_local(path), "rb") as f:
-                self._size = os.fstat(f.fileno()).st_size
-                # mmap cannot map an empty file; a zero-length read needs no mapping.
-                self._mmap: mmap.mmap | None = (
-                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self._size else None
-                )
+            self._size = os.fstat(fd).st_size
+            # mmap cannot map an empty file; a zero-length read needs no mapping.
+            self._mmap: mmap.mmap | None = (
+                mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if self._size else None
+            )
         except OSError as exc:
             raise map_os_error(exc, path, "opening for read") from exc
+        finally:
+            os.close(fd)
         self._view = memoryview(self._mmap) if self._mmap is not None else memoryview(b"")
 
     @property
@@ -223,6 +228,10 @@ class LocalStorage(Storage):
         # docstring inherited
         return os.path.exists(_local(path))
 
+    def describe(self, path: str) -> str:
+        # docstring inherited
+        return describe_local_path(_local(path))
+
     def size(self, path: str) -> int:
         # docstring inherited
         try:
@@ -262,7 +271,7 @@ class LocalStorage(Storage):
         return "copy"
 
     def _copy(self, source: str, target: str) -> None:
-        with open(source, "rb") as src, open(target, "wb") as dst:
+        with open(open_regular(source, "copying"), "rb") as src, open(target, "wb") as dst:
             remaining = os.fstat(src.fileno()).st_size
             try:
                 while remaining > 0:

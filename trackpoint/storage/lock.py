@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 import weakref
@@ -31,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trackpoint.errors import FailedPreconditionError
+from trackpoint.errors import CheckpointError, FailedPreconditionError
 from trackpoint.storage._errors import map_os_error
+from trackpoint.storage._regular import file_kind, not_regular_error, open_regular
 
 try:  # POSIX only; elsewhere local locks are held within this process only (logged)
     import fcntl
@@ -63,6 +65,8 @@ LOCK_FILENAME = ".trackpoint.lock"
 # recorded its name: a real holder fails the attempt at once.
 _ATTEMPTS = 50
 _RETRY_SECONDS = 0.002
+# A holder record is one short JSON line; a larger lock file is not one of ours.
+_MAX_RECORD = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,9 +351,9 @@ def _path_identity(path: str) -> tuple[int, int]:
 
 def _read_holder(path: str) -> LockHolder | None:
     try:
-        with open(path, "rb") as f:
-            return LockHolder.from_dict(json.loads(f.read() or b"null"))
-    except (OSError, ValueError):
+        with open(open_regular(path, "reading the lock file"), "rb") as f:
+            return LockHolder.from_dict(json.loads(f.read(_MAX_RECORD) or b"null"))
+    except (OSError, ValueError, CheckpointError):  # not a regular file: no record to show
         return None
 
 
@@ -378,9 +382,14 @@ def _take_local(directory: str, path: str) -> _LocalLock:
         return _LocalLock(directory, holder, path, None)
     for _ in range(_ATTEMPTS):
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # O_NONBLOCK: a FIFO planted under the lock file's name cannot make this wait.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o644)
         except OSError as exc:
             raise map_os_error(exc, path, "opening the lock file") from exc
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise not_regular_error(path, file_kind(mode), "opening the lock file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -439,8 +448,8 @@ def local_lock_holder(directory: str) -> LockHolder | None:
         return None
     path = os.path.join(real, LOCK_FILENAME)
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+        fd = open_regular(path, "probing the lock file")
+    except CheckpointError:
         return None  # no lock file: nobody holds it (a file we cannot read: cannot tell)
     try:
         holder = _exclusive_holder(fd, path)

@@ -269,6 +269,13 @@ class MemoryStorage(Storage):
                 return True
             return any(f.startswith(key + "/") for f in self._files)  # implied by its files
 
+    def describe(self, path: str) -> str:
+        # docstring inherited
+        with self._lock:
+            if _norm(path) in self._files:
+                return "a regular file"
+        return "a directory" if self.exists(path) else "a missing path"
+
     def size(self, path: str) -> int:
         # docstring inherited
         self._fault("size", path)
