@@ -46,7 +46,7 @@ def test_stats_show_every_data_file_and_the_total(sharded: str, argv: list[str],
 
 def test_info_reports_missing_data_files(sharded: str, capsys) -> None:  # noqa: ANN001
     Path(sharded + ".data-00001-of-" + f"{len(_sizes(sharded)[0]):05d}").unlink()
-    assert main(["info", sharded]) == 0
+    assert main(["info", sharded]) == 1  # README: a missing file is damage, exit status 1
     out = capsys.readouterr().out
     assert "missing" in out and "1 missing" in out
 

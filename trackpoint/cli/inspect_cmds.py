@@ -17,6 +17,7 @@ from trackpoint.bundle import BundleReader, DataType, data_filename, index_filen
 from trackpoint.cli.names import resolve_key
 from trackpoint.cli.output import Column, Output
 from trackpoint.cli.progress import human_bytes
+from trackpoint.cli.stats import check_slices_cover
 from trackpoint.errors import CheckpointError, DataLossError, InvalidArgumentError
 from trackpoint.management.paths import resolve_prefix
 from trackpoint.management.reader import CheckpointReader
@@ -86,6 +87,31 @@ def data_file_sizes(prefix: str, num_shards: int) -> list[tuple[str, int]]:
     return out
 
 
+def damaged_data_files(prefix: str, num_shards: int) -> list[tuple[str, str]]:
+    """(data file, what is wrong) for each data file of ``prefix`` that is missing or is not a
+    regular file (a FIFO, a directory...): damage that needs no byte read to see."""
+    storage = storage_for(prefix)
+    damaged = []
+    for shard in range(num_shards):
+        path = data_filename(prefix, shard, num_shards)
+        kind = storage.describe(path)
+        if kind not in ("a regular file", "an existing path"):
+            damaged.append((storage.basename(path), "missing" if kind == "a missing path"
+                            else f"{kind}, not a regular file"))  # fmt: skip
+    return damaged
+
+
+def _raise_damaged(prefix: str, damaged: list[tuple[str, str]]) -> None:
+    if damaged:
+        what = "; ".join(f"{name}: {problem}" for name, problem in damaged)
+        raise DataLossError(
+            f"checkpoint {prefix} is damaged: {len(damaged)} data file(s) missing or not "
+            f"regular files ({what}). `trackpoint info {prefix}` lists its files; restore them "
+            "from a copy or use another checkpoint",
+            path=prefix,
+        )
+
+
 def _tensor_rows(reader: BundleReader) -> list[dict[str, Any]]:
     rows = []
     for key in reader.keys():
@@ -109,6 +135,7 @@ def cmd_ls(args: argparse.Namespace, console: Console) -> int:
     with BundleReader(prefix) as reader:
         tensors = _tensor_rows(reader)
         if out.json_mode:
+            _raise_damaged(prefix, damaged_data_files(prefix, reader.num_shards))
             out.json(tensors)
             return 0
         out.table(
@@ -121,6 +148,8 @@ def cmd_ls(args: argparse.Namespace, console: Console) -> int:
         out.line(f"{len(tensors)} tensors, {human_bytes(sum(t['bytes'] for t in tensors))}")
         if args.stats:
             _print_files(out, _files(prefix, reader.num_shards))
+        # The listing needs the index only; a data file gone is still damage (exit 1).
+        _raise_damaged(prefix, damaged_data_files(prefix, reader.num_shards))
     return 0
 
 
@@ -128,12 +157,14 @@ def _files(prefix: str, num_shards: int) -> dict[str, Any]:
     """The checkpoint's files and sizes: what ``trackpoint.metrics`` records for a save."""
     storage = storage_for(prefix)
     files = data_file_sizes(prefix, num_shards)
+    damaged = damaged_data_files(prefix, num_shards)
     index_bytes = storage.size(index_filename(prefix))
     # Data files with more than one name (hard links of incremental saves, docs/incremental.md)
     # hold bytes this checkpoint shares with others: deleting it frees none of them.
     directory = storage.dirname(prefix)
-    shared = sum(size for name, size in files
-                 if size > 0 and storage.link_count(storage.join(directory, name)) > 1)
+    bad = {name for name, _ in damaged}
+    shared = sum(size for name, size in files if size > 0 and name not in bad
+                 and storage.link_count(storage.join(directory, name)) > 1)
     return {
         "prefix": prefix,
         "index": {"file": storage.basename(index_filename(prefix)), "bytes": index_bytes},
@@ -141,6 +172,7 @@ def _files(prefix: str, num_shards: int) -> dict[str, Any]:
         "num_shards": num_shards,
         "total_bytes": index_bytes + sum(max(size, 0) for _, size in files),
         "missing": [name for name, size in files if size < 0],
+        "damaged": [{"file": name, "problem": problem} for name, problem in damaged],
         "shared_bytes": shared,
     }
 
@@ -180,6 +212,10 @@ def cmd_info(args: argparse.Namespace, console: Console) -> int:
         out.json(info)
     else:
         _print_files(out, info)
+    if info["damaged"]:  # reported on stderr (and in the JSON's "damaged"): damage exits 1
+        for item in info["damaged"]:
+            out.error(f"[bold red]DAMAGED[/]: {item['file']} of {prefix}: {item['problem']}")
+        return 1
     return 0
 
 
@@ -201,6 +237,7 @@ def _verify(prefix: str, out: Output) -> tuple[list[tuple[str, str]], int, int]:
         total, done = sum(sizes.values()), 0
         for key in sizes:
             try:
+                check_slices_cover(reader, key)  # a huge declared shape over small slices
                 reader.verify(key)
             except CheckpointError as exc:  # checksum, short file, missing data file
                 problems.append((key, str(exc)))
@@ -219,7 +256,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
             "prefix": prefix, "ok": not problems, "tensors": count, "bytes": total,
             "damaged": [{"key": key, "problem": msg} for key, msg in problems],
         })  # fmt: skip
-    elif problems:
+    if problems:  # on stderr in every mode, --json included
         out.error_table([Column("key", fold=True), Column("problem", fold=True)],
                         [list(p) for p in problems], title=f"damaged in {prefix}")
         what = f"{len(problems)} of {count} tensors are damaged" if count else (
@@ -227,7 +264,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
         out.error(f"[bold red]FAILED[/]: {what}")
     else:
         out.line(f"[bold green]OK[/]: {count} tensors, {human_bytes(total)}, "
-                 "every checksum matches")
+                 "every checksum matches")  # nothing in JSON mode
     return 1 if problems else 0
 
 

@@ -1,39 +1,56 @@
 """The ``trackpoint`` command: inspect, compare, verify and convert checkpoints; run the demo.
 
 Works on any TensorFlow V2 checkpoint, including ones TensorFlow wrote, without TensorFlow.
-Exit status (:data:`EXIT_OK`, :data:`EXIT_DAMAGE`, :data:`EXIT_USAGE`): 0 success; 1 damage
-found (a checksum, a truncated or missing file, an index that does not parse; also ``diff
---exit-code`` when the checkpoints differ); 2 usage errors and anything not found (no such
-checkpoint, key or object path, bad arguments).
+Exit status (:data:`EXIT_OK`, :data:`EXIT_DAMAGE`, :data:`EXIT_USAGE`, :data:`EXIT_INTERNAL`):
+0 success; 1 damage found (a checksum, a truncated, missing or not regular file, an index that
+does not parse; also ``diff --exit-code`` when the checkpoints differ); 2 usage errors and
+anything not found (no such checkpoint, key or object path, bad arguments); 3 a bug. Every
+command reports errors through :func:`trackpoint.cli.failures.run_command`, the one place that
+maps an exception to a status, a message on stderr and, with ``--json``, one JSON document.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from rich.console import Console
 
 from trackpoint.cli import convert as convert_cmd
 from trackpoint.cli import diff, inspect_cmds, report, stats, tree
+from trackpoint.cli.failures import (
+    EXIT_DAMAGE,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    Failure,
+    UsageError,
+    report_failure,
+    run_command,
+)
 
-__all__ = ["EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
-
-EXIT_OK = 0
-EXIT_DAMAGE = 1
-EXIT_USAGE = 2
+__all__ = ["EXIT_DAMAGE", "EXIT_INTERNAL", "EXIT_OK", "EXIT_USAGE", "main"]
 
 _EPILOG = (
     "Output: rich tables on a terminal, one unwrapped line per row in a pipe, JSON with --json "
-    "(ls, info, objects, verify, diff, stats, tree). Exit status: 0 ok, 1 damage found (or "
-    "diff --exit-code: the checkpoints differ), 2 usage error or not found."
+    "(ls, info, objects, verify, diff, stats, tree; errors too, as {\"error\": {...}}). Exit "
+    "status: 0 ok, 1 damage found (or diff --exit-code: the checkpoints differ), 2 usage error "
+    "or not found, 3 internal error (a bug)."
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` instead of printing and exiting, so usage
+    errors take the one error path (and become a JSON document under ``--json``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="trackpoint",
         description="Inspect, compare, verify and convert TensorFlow-compatible checkpoints.",
         epilog=_EPILOG,
@@ -67,44 +84,21 @@ def _run_demo(args: argparse.Namespace, console: Console) -> int:
     return demo.run(args, console)
 
 
-def _error(message: str) -> None:
-    stderr = Console(stderr=True, soft_wrap=True, highlight=False)
-    if stderr.is_terminal:
-        stderr.print("[bold red]error:[/] ", end="")
-        stderr.out(message, highlight=False)
-    else:
-        sys.stderr.write(f"error: {message}\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trackpoint`` console script; returns the exit status.
 
-    Usage errors return 2 (argparse's status) instead of raising ``SystemExit``, so callers
-    and tests get a number for every outcome.
+    Usage errors return 2 instead of raising ``SystemExit``, so callers and tests get a number
+    for every outcome; with ``--json`` anywhere on the line they print an error document too.
     """
-    from trackpoint.errors import CheckpointError, DataLossError
-
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2)
+    except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    console = Console()
-    try:
-        return int(args.func(args, console) or 0)
-    except DataLossError as exc:
-        _error(str(exc))
-        return EXIT_DAMAGE
-    except CheckpointError as exc:
-        _error(str(exc))
-        return EXIT_USAGE
-    except BrokenPipeError:
-        # The reader of a pipe stopped early (`trackpoint ls PATH | head`): not an error.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_OK
-    except OSError as exc:  # e.g. report -o into a missing directory
-        _error(str(exc))
-        return EXIT_USAGE
+    except UsageError as exc:
+        failure = Failure(EXIT_USAGE, "UsageError", str(exc))
+        return report_failure(failure, json_mode="--json" in argv)
+    return run_command(args.func, args, Console())
 
 
 if __name__ == "__main__":

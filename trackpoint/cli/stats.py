@@ -21,6 +21,7 @@ from trackpoint.bundle import BundleReader, TensorSlice
 from trackpoint.cli.names import module_of
 from trackpoint.cli.output import Column, Output, format_number
 from trackpoint.cli.progress import human_bytes
+from trackpoint.errors import DataLossError, InvalidArgumentError
 from trackpoint.management.paths import resolve_prefix
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "TensorStats",
     "add_parser",
     "array_chunks",
+    "check_slices_cover",
     "checkpoint_stats",
     "cmd_stats",
     "module_totals",
@@ -109,15 +111,51 @@ def array_chunks(array: np.ndarray, limit: int = CHUNK_ELEMENTS) -> Iterator[np.
             yield array[start : start + step]
 
 
+def check_slices_cover(reader: BundleReader, key: str) -> None:
+    """Refuse a partitioned ``key`` whose stored slices do not hold exactly the elements of its
+    declared shape (index arithmetic only: nothing is read or allocated).
+
+    Commands that stream slices one by one (``stats``, ``verify``) never assemble the tensor,
+    so without this an index declaring a huge tensor over one small slice would pass.
+
+    Raises:
+        DataLossError: the slices hold more or fewer elements than the shape, or have the
+            wrong rank.
+    """
+    slices = reader.slices(key)
+    if not slices:
+        return
+    full = tuple(reader.shape(key))
+    try:
+        stored = sum(part.num_elements(full) for part in slices)
+    except InvalidArgumentError as exc:
+        raise DataLossError(
+            f"A stored slice of key '{key}' in {reader.prefix} does not fit its shape "
+            f"{list(full)} ({exc}): the index is damaged",
+            path=reader.prefix,
+            key=key,
+        ) from exc
+    if stored != math.prod(full):
+        raise DataLossError(
+            f"The stored slices of key '{key}' in {reader.prefix} hold {stored:,} elements, but "
+            f"its index entry declares shape {list(full)} ({math.prod(full):,} elements): the "
+            "index is damaged",
+            path=reader.prefix,
+            key=key,
+        )
+
+
 def tensor_pieces(
     reader: BundleReader, key: str
 ) -> Iterator[tuple[TensorSlice | None, np.ndarray]]:
     """The stored parts of ``key`` as read-only views of the mapped file: ``(None, whole
-    tensor)``, or ``(box, values)`` for each stored slice of a partitioned one."""
+    tensor)``, or ``(box, values)`` for each stored slice of a partitioned one (after
+    :func:`check_slices_cover`)."""
     slices = reader.slices(key)
     if not slices:
         yield None, reader.read(key, copy=False)
         return
+    check_slices_cover(reader, key)
     for stored in slices:
         yield stored, reader.read_slice(key, stored, copy=False)
 

@@ -47,8 +47,12 @@ def resolve_prefix(path: PathLike, *, storage: Storage | None = None) -> str:
             return head
     store = storage if storage is not None else storage_for(path)
     if store.exists(path) and not store.exists(path + ".index"):
+        # Say what it is: a regular file, a FIFO... ("an existing path": the storage cannot tell).
+        kind = store.describe(path)
         # A directory first: Lightning checkpoints (tp.lightning) are directories named *.ckpt.
-        latest = latest_checkpoint(path, storage=storage)
+        latest = None
+        if kind in ("a directory", "an existing path"):
+            latest = latest_checkpoint(path, storage=storage)
         if latest is not None:
             return latest
         for suffix, what in _FOREIGN_FORMATS.items():
@@ -59,6 +63,13 @@ def resolve_prefix(path: PathLike, *, storage: Storage | None = None) -> str:
                     "and TensorFlow can read.",
                     path=path,
                 )
+        if kind not in ("a directory", "an existing path"):
+            raise NotFoundError(
+                f"{path} is {kind}, not a checkpoint: there is no {path}.index and it is not a "
+                "directory. Pass a checkpoint prefix such as path/to/ckpt-1, one of its files "
+                "(ckpt-1.index), or a directory with a `checkpoint` state file.",
+                path=path,
+            )
         raise NotFoundError(
             f"{path} is a directory without a committed checkpoint: its `checkpoint` state file "
             "is missing or names no existing checkpoint. Pass a checkpoint prefix such as "
