@@ -43,6 +43,7 @@ def test_e1_keep_all_and_recover(tmp_path):
     paths = [manager.save() for _ in range(5)]
     assert manager.checkpoints == paths
     assert len(_index_files(tmp_path)) == 5
+    manager.close()  # one open manager per directory and process
     # A new manager recovers the active set and applies its own max_to_keep on the next save.
     again = tp.CheckpointManager(ckpt, tmp_path, max_to_keep=2)
     assert again.checkpoints == paths
@@ -79,6 +80,7 @@ def test_e2_keep_checkpoint_every_n_hours(tmp_path):
     assert list(state.all_model_checkpoint_timestamps) == [first_time, second_time]
     assert first.checkpoints == [names[1], names[2]]
     assert first.latest_checkpoint == names[2]
+    first.close()
 
     second = tp.CheckpointManager(ckpt, d, max_to_keep=2, keep_checkpoint_every_n_hours=1.5,
                                   clock=clock)
@@ -96,6 +98,7 @@ def test_e2_keep_checkpoint_every_n_hours(tmp_path):
     second.save()
     assert second.checkpoints == [names[4], names[5]]
     assert get_checkpoint_state(d).last_preserved_timestamp == first_time
+    second.close()
 
     third = tp.CheckpointManager(ckpt, d, max_to_keep=2, keep_checkpoint_every_n_hours=1.5,
                                  clock=clock)
@@ -125,6 +128,7 @@ def test_e3_clock_reset(tmp_path, caplog):
     assert first.checkpoints == [p3]
     assert get_checkpoint_state(d).last_preserved_timestamp == 13600.0
     clock.now = 5000.0
+    first.close()
     with caplog.at_level(logging.WARNING):
         second = tp.CheckpointManager(ckpt, d, max_to_keep=1, clock=clock)
     assert "behind the last preserved checkpoint timestamp" in caplog.text
@@ -190,6 +194,7 @@ def test_e6_restore_or_initialize(tmp_path):
     v[:] = 7
     saved = manager.save()
     v[:] = 0
+    manager.close()
     again = tp.CheckpointManager(ckpt, pathlib.Path(tmp_path), max_to_keep=1)
     restored = again.restore_or_initialize()
     assert isinstance(restored, str) and restored == saved
@@ -213,6 +218,7 @@ def test_e7_checkpoint_interval(tmp_path):
     assert manager.save(check_interval=False) is not None
     # A manager that restores records the restored step as the last checkpointed one.
     step.assign(100)
+    manager.close()
     again = tp.CheckpointManager(ckpt, tmp_path, max_to_keep=None, step_counter=step,
                                  checkpoint_interval=2)
     again.restore_or_initialize()

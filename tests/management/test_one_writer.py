@@ -121,22 +121,24 @@ def test_a_fresh_manager_that_did_not_restore_never_replaces_a_checkpoint(tmp_pa
     ckpt = tp.Checkpoint(w=w)
     manager = tp.CheckpointManager(ckpt, tmp_path, max_to_keep=2)
     with pytest.raises(FailedPreconditionError) as info:
-        manager.save()
+        manager.save(checkpoint_number=1)
     message = str(info.value)
     assert f"{first}.index exists" in message
     assert "restore_or_initialize()" in message and "checkpoint_number=2" in message
     assert info.value.path == first
-    with pytest.raises(FailedPreconditionError, match="checkpoint_number=2"):
-        manager.save(checkpoint_number=1)
     assert (tmp_path / "ckpt-1.index").read_bytes() == before
     assert int(ckpt.save_counter.numpy()) == 0  # nothing changed
     assert manager.latest_checkpoint == first and tp.latest_checkpoint(tmp_path) == first
 
-    assert manager.save(checkpoint_number=7) == str(tmp_path / "ckpt-7")  # an unused number
+    # Unnumbered, it continues after the directory's checkpoints (issue 27 #13).
+    assert manager.save() == str(tmp_path / "ckpt-2")
+    assert int(ckpt.save_counter.numpy()) == 2
+    assert (tmp_path / "ckpt-1.index").read_bytes() == before
+    assert manager.save(checkpoint_number=7) == str(tmp_path / "ckpt-7")  # counter 3
     manager.close()
     again = tp.CheckpointManager(tp.Checkpoint(w=w), tmp_path, max_to_keep=5)
     assert again.restore_or_initialize() == str(tmp_path / "ckpt-7")
-    assert again.save() == str(tmp_path / "ckpt-2")  # restored counter 1: continues from it
+    assert again.save() == str(tmp_path / "ckpt-4")  # restored counter 3: continues from it
     again.close()
 
 
@@ -171,13 +173,13 @@ def test_checkpoint_save_of_a_fresh_checkpoint_never_replaces_a_checkpoint(
 def test_saves_of_one_process_share_the_lock(tmp_path: Path) -> None:
     ckpt = tp.Checkpoint(w=np.arange(3.0))
     first = tp.CheckpointManager(ckpt, tmp_path, max_to_keep=None)
-    second = tp.CheckpointManager(ckpt, tmp_path, max_to_keep=None)
-    paths = [first.save(), second.save(), ckpt.save(tmp_path / "ckpt")]
-    assert paths == [str(tmp_path / f"ckpt-{n}") for n in (1, 2, 3)]
+    paths = [first.save(), ckpt.save(tmp_path / "ckpt")]
+    assert paths == [str(tmp_path / f"ckpt-{n}") for n in (1, 2)]
     first.close()
     with pytest.raises(FailedPreconditionError, match="closed"):
         first.save()
-    assert second.save() == str(tmp_path / "ckpt-4")
+    second = tp.CheckpointManager(ckpt, tmp_path, max_to_keep=None)  # the first is closed
+    assert second.save() == str(tmp_path / "ckpt-3")
     second.close()
     # The Checkpoint that saved into the directory still holds it, until it is collected.
     assert _pid_seen_by_another_process(tmp_path) == os.getpid()

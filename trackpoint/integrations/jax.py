@@ -19,6 +19,11 @@ TensorFlow); ``Checkpoint.read``/``restore`` refuse jax leaves with a message po
 
     state = tp.jax.restore("/ckpts/run", {"params": params, "opt_state": opt_state, "step": step})
 
+With a ``CheckpointManager``, :func:`restore_or_initialize` resumes: it restores the latest
+checkpoint into new arrays (rebinding them on the Checkpoint) and numbering continues after it::
+
+    state, path = tp.jax.restore_or_initialize(manager)   # path None: nothing to resume
+
 Targets may be abstract (``jax.eval_shape``/``nnx.eval_shape`` output, PRNG keys included);
 ``tp.jax.restore("/ckpts/run")`` without a target returns the saved tree as nested dicts and
 lists. A key's implementation and an array's ``weak_type`` are recorded next to the value.
@@ -43,6 +48,7 @@ from trackpoint.graph.walk import ObjectGraphView
 from trackpoint.integrations.jax_arrays import ArrayLeaf, ScalarLeaf, is_key_array
 from trackpoint.integrations.jax_pytrees import PyTreeNode, is_jax_pytree, tree_trackable
 from trackpoint.integrations.jax_restore import restore
+from trackpoint.integrations.jax_resume import restore_or_initialize
 from trackpoint.saving import CheckpointOptions, MultiDeviceSaver, get_registered_saver_name
 from trackpoint.tracking.adapters import register_adapter, register_structure_adapter
 
@@ -51,6 +57,7 @@ __all__ = [
     "PyTreeNode",
     "ScalarLeaf",
     "restore",
+    "restore_or_initialize",
     "snapshot_to_host",
     "write",
 ]

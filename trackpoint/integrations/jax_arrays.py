@@ -83,7 +83,8 @@ def process_group_save() -> Iterator[None]:
 _IMMUTABLE_HINT = (
     "JAX arrays and Python scalars are immutable and cannot be restored in place; get new "
     "values with tp.jax.restore(path, target), e.g. "
-    "state = tp.jax.restore(path, {'params': params, 'opt_state': opt_state})"
+    "state = tp.jax.restore(path, {'params': params, 'opt_state': opt_state}); with a "
+    "CheckpointManager, state, path = tp.jax.restore_or_initialize(manager)"
 )
 
 

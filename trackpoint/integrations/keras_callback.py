@@ -153,6 +153,9 @@ class TrackpointCheckpoint(keras.callbacks.Callback):  # type: ignore[misc]  # k
             # Unseeded dropout and shuffling draw from the process's generators: a resumed
             # fit repeats the uninterrupted one only if they are restored too.
             children[RNG_NAME] = GlobalRandomState()
+        previous, self._manager = self._manager, None
+        if previous is not None:  # a fit that raised skips on_train_end: one manager per dir
+            previous.close()
         self._manager = CheckpointManager(
             Checkpoint(**children), self.directory, self.max_to_keep,
             checkpoint_name=self.checkpoint_name,
