@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -275,3 +276,294 @@ def test_optimizer_parameter_outside_the_checkpoint_fails_the_save(tmp_path):
     tp.Checkpoint(model=model2, optimizer=opt2, extra=extra2).read(path).assert_consumed()
     assert torch.equal(extra2, extra)
     assert torch.equal(opt2.state[extra2]["exp_avg"], opt.state[extra]["exp_avg"])
+
+
+# -- issue 27, finding 1: the checkpoint's own values (save_counter) are in the one plan ----------
+
+COUNTER = "save_counter" + VV
+
+
+def _saved_twice(directory: Path) -> tuple[str, dict[str, np.ndarray]]:
+    """A checkpoint ``ckpt-2`` of two arrays and a tp.Variable, numbered by save()."""
+    values = {"a": np.full(3, 1.0), "b": np.full((2, 2), 2.0, np.float32)}
+    ckpt = tp.Checkpoint(**values, step=Variable(np.int64(7)))
+    ckpt.save(str(directory / "ckpt"))
+    return ckpt.save(str(directory / "ckpt")), values
+
+
+def _fresh(layout: str) -> tuple[tp.Checkpoint, dict[str, np.ndarray], Variable]:
+    live = {"a": np.zeros(3), "b": np.zeros((2, 2), np.float32)}
+    step = Variable(np.int64(0))
+    if layout == "root":
+        root = AutoTrackable()
+        root.a, root.b, root.step = live["a"], live["b"], step
+        return tp.Checkpoint(root), live, step
+    return tp.Checkpoint(**live, step=step), live, step
+
+
+def _restore_by(how: str, ckpt: tp.Checkpoint, prefix: str) -> None:
+    if how == "restore":
+        ckpt.restore(prefix)
+    elif how == "read":
+        ckpt.read(prefix)
+    else:
+        tp.CheckpointManager(ckpt, str(Path(prefix).parent), max_to_keep=3).restore_or_initialize()
+
+
+def _assert_saves_and_restores_normally(ckpt: tp.Checkpoint, directory: Path, good: str) -> None:
+    """The Checkpoint that saw a failed restore still numbers, saves and restores."""
+    assert int(ckpt.save_counter.numpy()) == 0
+    first = ckpt.save(str(directory / "again"))
+    assert first.endswith("again-1")
+    ckpt.restore(good).assert_consumed()
+    assert int(ckpt.save_counter.numpy()) == 2
+    assert ckpt.save(str(directory / "again")).endswith("again-3")
+
+
+@pytest.mark.parametrize("layout", ["children", "root"])
+@pytest.mark.parametrize("how", ["restore", "read", "manager"])
+def test_damaged_save_counter_fails_the_restore_before_any_object_changes(
+    tmp_path, corrupt, how, layout
+):
+    good, values = _saved_twice(tmp_path / "good")
+    damaged, _ = _saved_twice(tmp_path / "damaged")
+    corrupt(damaged, COUNTER)
+    ckpt, live, step = _fresh(layout)
+    before = snapshot(live)
+    with pytest.raises(DataLossError, match="save_counter"):
+        _restore_by(how, ckpt, damaged)  # read() too: it fails now, not at the next save
+    assert_unchanged(live, before)
+    assert int(step.numpy()) == 0
+    _assert_saves_and_restores_normally(ckpt, tmp_path / "other", good)
+    assert_unchanged(values, {k: live[k] for k in values})  # the good restore gave the values
+    assert int(step.numpy()) == 7
+
+
+@pytest.mark.parametrize("failure", ["damaged value", "shape", "progress"])
+def test_checkpoint_saves_and_restores_normally_after_any_failed_restore(
+    tmp_path, corrupt, failure
+):
+    good, _ = _saved_twice(tmp_path / "good")
+    bad, _ = _saved_twice(tmp_path / "bad")
+    ckpt, live, step = _fresh("children")
+    options = None
+    if failure == "damaged value":
+        corrupt(bad, "a" + VV)
+    elif failure == "shape":
+        ckpt.b = np.zeros(5, np.float32)
+    else:
+        def refuse(event: tp.ProgressEvent) -> None:
+            raise RuntimeError(f"refused at {event.phase}")
+
+        options = tp.CheckpointOptions(progress=refuse)
+    with pytest.raises((CheckpointError, RuntimeError)):
+        ckpt.restore(bad, options)
+    if failure == "shape":
+        ckpt.b = live["b"]
+    assert (live["a"] == 0).all() and int(step.numpy()) == 0
+    _assert_saves_and_restores_normally(ckpt, tmp_path / "other", good)
+
+
+def test_read_verifies_the_counter_and_a_later_save_continues_from_it(tmp_path):
+    good, _ = _saved_twice(tmp_path / "good")
+    ckpt, live, _ = _fresh("children")
+    ckpt.read(good).assert_existing_objects_matched()
+    np.testing.assert_array_equal(live["a"], np.full(3, 1.0))
+    assert int(ckpt.save_counter.numpy()) == 2  # created from the value the read verified
+    assert ckpt.save(str(tmp_path / "next" / "ckpt")).endswith("ckpt-3")
+
+
+def test_a_write_checkpoint_after_a_read_keeps_the_read_counter(tmp_path):
+    """B4 for the counter: a later restore without one leaves the earlier one's value."""
+    good, _ = _saved_twice(tmp_path / "good")
+    written = tp.Checkpoint(a=np.ones(3)).write(str(tmp_path / "written"))
+    ckpt = tp.Checkpoint(a=np.zeros(3))
+    ckpt.read(good).expect_partial()
+    ckpt.restore(written).assert_consumed()
+    assert int(ckpt.save_counter.numpy()) == 2
+
+
+def test_name_based_checkpoint_with_damaged_save_counter_changes_nothing(tmp_path, corrupt):
+    """A TF1-style checkpoint (no object graph) whose ``save_counter`` key is damaged."""
+
+    class Holder:
+        def __init__(self, value: np.ndarray) -> None:
+            self.value = value
+
+    prefix = str(tmp_path / "tf1")
+    MultiDeviceSaver({
+        Holder(np.ones(3)): {"w": np.full(3, 4.0)},
+        Holder(np.int64(5)): {"save_counter": np.int64(5)},
+    }).save(prefix)
+    corrupt(prefix, "save_counter")
+    w = Variable(np.zeros(3), name="w")
+    ckpt = tp.Checkpoint(w=w)
+    with pytest.raises(DataLossError, match="save_counter"):
+        ckpt.restore(prefix)
+    assert (w.numpy() == 0).all()
+    assert int(ckpt.save_counter.numpy()) == 0
+    assert ckpt.save(str(tmp_path / "ckpt")).endswith("ckpt-1")
+    good = str(tmp_path / "tf1-good")
+    MultiDeviceSaver({
+        Holder(np.ones(3)): {"w": np.full(3, 4.0)},
+        Holder(np.int64(5)): {"save_counter": np.int64(5)},
+    }).save(good)
+    ckpt2 = tp.Checkpoint(w=Variable(np.zeros(3), name="w"))
+    ckpt2.restore(good)
+    assert int(ckpt2.save_counter.numpy()) == 5
+    np.testing.assert_array_equal(ckpt2.w.numpy(), np.full(3, 4.0))
+
+
+# -- issue 27, finding 8: callbacks and the apply step cannot leave a half-applied restore -------
+
+
+@pytest.mark.parametrize("at", ["first", "last"])
+def test_progress_callback_that_raises_on_a_read_event_changes_nothing(saved, at):
+    prefix, _ = saved
+
+    def callback(event: tp.ProgressEvent) -> None:
+        if event.phase == "read" and (at == "first" or event.bytes_done == event.bytes_total):
+            raise RuntimeError(f"callback refused at {event.bytes_done} bytes")
+
+    live = fresh_values()
+    before = snapshot(live)
+    ckpt = tp.Checkpoint(**live)
+    with pytest.raises(RuntimeError, match="callback refused"):
+        ckpt.restore(prefix, tp.CheckpointOptions(progress=callback))
+    assert_unchanged(live, before)
+    assert int(ckpt.save_counter.numpy()) == 0
+
+
+def test_progress_callback_that_raises_on_the_last_event_does_not_fail_the_restore(
+    saved, caplog
+):
+    """Issue 27 finding 8: "restored" comes once every value is applied; what its callback
+    raises then is logged, since failing would mean a restore that raised and changed all."""
+    prefix, values = saved
+
+    def callback(event: tp.ProgressEvent) -> None:
+        if event.phase == "restored":
+            raise RuntimeError("callback refused the last event")
+
+    live = fresh_values()
+    ckpt = tp.Checkpoint(**live)
+    with caplog.at_level("ERROR", logger="trackpoint.checkpoint"):
+        ckpt.restore(prefix, tp.CheckpointOptions(progress=callback)).assert_consumed()
+    assert_unchanged(live, values)
+    assert "callback refused the last event" in caplog.text
+    assert "restore is complete" in caplog.text
+
+
+def test_read_events_come_before_the_first_change_and_restored_after_the_last(saved):
+    """The contract: "read" events fire while every object still holds its old value (a
+    callback raising there fails the restore, nothing changed); "restored" fires once every
+    object has its new value."""
+    prefix, values = saved
+    live = fresh_values()
+    seen: list[tuple[str, bool, bool]] = []
+
+    def callback(event: tp.ProgressEvent) -> None:
+        old = all((value == -1).all() for value in live.values())
+        new = all((live[name] == values[name]).all() for name in live)
+        seen.append((event.phase, old, new))
+
+    tp.Checkpoint(**live).read(prefix, tp.CheckpointOptions(progress=callback)).assert_consumed()
+    assert [phase for phase, _, _ in seen] == ["read"] * len(values) + ["restored"]
+    assert all(old for phase, old, _ in seen if phase == "read")
+    assert seen[-1][2]
+
+
+@pytest.mark.parametrize("kind", ["expanded", "inference", "readonly numpy", "dtype"])
+def test_apply_is_validated_before_the_first_write(tmp_path, kind):
+    """Targets that would refuse the copy are refused while checking, before any change."""
+    torch = pytest.importorskip("torch")
+    prefix = tp.Checkpoint(a=np.ones(3), z=np.arange(3, dtype=np.float32)).write(
+        str(tmp_path / "ckpt")
+    )
+    a = np.zeros(3)
+    if kind == "expanded":  # three elements, one memory location: copy_ refuses
+        z: Any = torch.zeros(1).expand(3)
+    elif kind == "inference":  # in-place updates outside inference mode are refused
+        with torch.inference_mode():
+            z = torch.zeros(3)
+    elif kind == "readonly numpy":
+        z = np.zeros(3, np.float32)
+        z.flags.writeable = False
+    else:
+        z = torch.zeros(3, dtype=torch.float64)  # no cast on restore
+    with pytest.raises(InvalidArgumentError, match=r"(?s)\(root\)\.z.*Nothing was restored"):
+        tp.Checkpoint(a=a, z=z).read(prefix)
+    assert (a == 0).all()
+    assert (np.asarray(z) == 0).all()
+
+
+def test_an_interrupt_during_apply_is_delivered_after_the_whole_apply(tmp_path):
+    """A SIGINT arriving mid-apply cannot leave half the objects restored: it is raised once
+    every object has its value."""
+    import signal
+
+    class Interrupting(AutoTrackable):
+        def __init__(self) -> None:
+            self.seen = np.zeros(2)
+
+        def _serialize_to_tensors(self):
+            return {"VARIABLE_VALUE": self.seen}
+
+        def _prepare_restore(self, restored):
+            saved = np.array(restored["VARIABLE_VALUE"])
+
+            def apply() -> None:
+                signal.raise_signal(signal.SIGINT)  # Ctrl-C, now
+                self.seen[...] = saved
+
+            return apply
+
+    first = Interrupting()
+    first.seen[...] = 3.0
+    prefix = tp.Checkpoint(a_first=first, z=np.full(4, 5.0)).write(str(tmp_path / "ckpt"))
+    target, z = Interrupting(), np.zeros(4)
+    with pytest.raises(KeyboardInterrupt):
+        tp.Checkpoint(a_first=target, z=z).read(prefix)
+    np.testing.assert_array_equal(target.seen, [3.0, 3.0])
+    np.testing.assert_array_equal(z, np.full(4, 5.0))
+
+
+def test_registered_saver_refusing_its_objects_changes_nothing(tmp_path):
+    """A strict predicate that rejects an object is known before the apply: nothing changes."""
+
+    class Store(AutoTrackable):
+        pass
+
+    class NotAStore(AutoTrackable):
+        pass
+
+    tp.register_checkpoint_saver(
+        name="AllOrNothingStrictStore", predicate=lambda obj: isinstance(obj, Store),
+        save_fn=lambda trackables, file_prefix: [],
+        restore_fn=lambda trackables, merged_prefix: None,
+    )
+    prefix = tp.Checkpoint(s=Store(), v=np.ones(2)).write(str(tmp_path / "ckpt"))
+    live = np.zeros(2)
+    with pytest.raises(InvalidArgumentError, match="predicate"):
+        tp.Checkpoint(s=NotAStore(), v=live).read(prefix)
+    assert (live == 0).all()
+
+
+@pytest.mark.parametrize("how", ["restore", "read"])
+def test_damaged_save_counter_fails_a_replayed_read_too(tmp_path, corrupt, how):
+    """A second read of the same object graph replays the first one's walk (restore_reuse):
+    the counter is planned there too, so the damage is found before any object changes."""
+    good, values = _saved_twice(tmp_path / "good")
+    damaged, _ = _saved_twice(tmp_path / "damaged")
+    corrupt(damaged, COUNTER)
+    ckpt, live, step = _fresh("children")
+    ckpt.read(good).expect_partial()  # the walk is kept; the counter is not created
+    ckpt.read(good).expect_partial()  # replayed
+    for value in live.values():
+        value[...] = -5
+    before = snapshot(live)
+    with pytest.raises(DataLossError, match="save_counter"):
+        _restore_by(how, ckpt, damaged)
+    assert_unchanged(live, before)
+    assert int(ckpt.save_counter.numpy()) == 2  # the good read's counter, kept
+    assert ckpt.save(str(tmp_path / "next" / "ckpt")).endswith("ckpt-3")

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from trackpoint._gc import collector_paused
 from trackpoint._types import PathLike, fspath
+from trackpoint.bundle.reader import BundleReader
 from trackpoint.checkpoint.load_status import (
     CheckpointLoadStatus,
     InitializationOnlyStatus,
@@ -27,6 +30,7 @@ from trackpoint.checkpoint.load_status import (
 )
 from trackpoint.checkpoint.name_based import restore_name_based
 from trackpoint.checkpoint.restore_reuse import RestoreReuse
+from trackpoint.checkpoint.saved_graph import SavedGraph
 from trackpoint.checkpoint.writer_lock import (
     hold_directory,
     refuse_overwriting_live_writer,
@@ -55,10 +59,12 @@ from trackpoint.saving import (
 from trackpoint.storage import storage_for
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.autotrackable import AutoTrackable
-from trackpoint.tracking.base import Trackable, TrackableReference
+from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, TrackableReference
 from trackpoint.tracking.variable import Variable
 
 __all__ = ["Checkpoint"]
+
+logger = logging.getLogger("trackpoint.checkpoint")
 
 
 
@@ -73,6 +79,28 @@ def _as_trackable(value: Any, name: str) -> Trackable:
             "tp.Variable or a tp.PythonState."
         )
     return trackable
+
+
+def _is_counter_shape(shape: tuple[int, ...]) -> bool:
+    """Whether a saved counter's shape holds one number (scalar, or ``[1]`` and the like);
+    anything else is not allocated for it (the restore then reports the shape)."""
+    return all(dim == 1 for dim in shape)
+
+
+def _report_restored(progress: Callable[[ProgressEvent], None], event: ProgressEvent) -> None:
+    """Give the progress callback the ``"restored"`` event of a restore that is complete.
+
+    Every object has its value by now and nothing can undo that, so what the callback raises
+    must not fail the restore (a restore that raises has changed nothing): it is logged.
+    """
+    try:
+        progress(event)
+    except Exception:
+        logger.exception(
+            "The progress callback raised on the 'restored' event of %s; the restore is "
+            "complete (every value applied), so the error is logged, not raised",
+            event.prefix,
+        )
 
 
 def _restored_event(prefix: str, seconds: float, sizes: dict[str, int]) -> ProgressEvent:
@@ -111,12 +139,16 @@ class Checkpoint(AutoTrackable):
     # Set with object.__setattr__ (AutoTrackable would track them); declared for type checkers.
     _self_view: ObjectGraphView
     _self_save_counter: Variable | None
+    # A counter a read() restored (verified with every other value) before save_counter
+    # existed: it becomes save_counter when the counter is created.
+    _self_pending_counter: Variable | None
     _self_async: AsyncWriter | None
     _self_history: SaveHistory  # the previous checkpoint, for incremental saves
     _self_restore_reuse: RestoreReuse  # what the last read lends the next (restore_reuse.py)
 
     def __init__(self, root: Any = None, **children: Any) -> None:
         object.__setattr__(self, "_self_save_counter", None)
+        object.__setattr__(self, "_self_pending_counter", None)
         object.__setattr__(self, "_self_async", None)
         object.__setattr__(self, "_self_history", SaveHistory())
         object.__setattr__(self, "_self_restore_reuse", RestoreReuse())
@@ -199,21 +231,70 @@ class Checkpoint(AutoTrackable):
         return counter
 
     def _maybe_create_save_counter(self) -> None:
+        """Create ``save_counter``: the counter the last read restored, else 0; a restore
+        waiting for it (another Checkpoint's, on a shared root) is applied first.
+
+        All or nothing: if that restore fails, no counter exists afterwards (the next call
+        tries again), so a failed restore never leaves a Checkpoint that cannot save.
+        """
         if self._self_save_counter is not None:
             return
         view: ObjectGraphView = self._self_view
-        if view.root is self:
-            counter = self._add_variable(SAVE_COUNTER, 0, dtype=np.int64)
-        else:
-            root = view.root
+        root = view.root
+        counter = self._self_pending_counter
+        if counter is None:
             spec = root._preload_spec(SAVE_COUNTER)
-            shape = spec[0] if spec is not None else ()
+            shape = spec[0] if spec is not None and _is_counter_shape(spec[0]) else ()
             counter = Variable(np.zeros(shape, dtype=np.int64), name=SAVE_COUNTER)
+        if root is self:
+            try:
+                self._track_trackable(counter, SAVE_COUNTER)  # restores waiting ones apply
+            except BaseException:
+                self._untrack(SAVE_COUNTER)
+                raise
+        else:
+            pending = root._deferred_dependencies.pop(SAVE_COUNTER, [])
+            ordered = sorted(pending, key=lambda p: p.restore_uid, reverse=True)
+            for done, position in enumerate(ordered):
+                try:
+                    position.restore(counter)
+                except BaseException:
+                    root._deferred_dependencies.setdefault(SAVE_COUNTER, []).extend(
+                        ordered[done:]
+                    )
+                    raise
             view.attached_dependencies.append(TrackableReference(SAVE_COUNTER, counter))
-            pending = root._deferred_dependencies.pop(SAVE_COUNTER, ())
-            for position in sorted(pending, key=lambda p: p.restore_uid, reverse=True):
-                position.restore(counter)
         object.__setattr__(self, "_self_save_counter", counter)
+        object.__setattr__(self, "_self_pending_counter", None)
+
+    def _counter_candidate(self, graph: SavedGraph, index: BundleReader) -> dict[int, Variable]:
+        """``{node id: new counter}`` for the checkpoint's ``save_counter`` if this Checkpoint
+        has no counter yet, else ``{}``.
+
+        The restore plans the node into the new counter (``RestoreCoordinator.execute``'s
+        ``own``) instead of leaving it for deferred restoration: its value is read and verified
+        with every other value, before any object changes (issue 27: a damaged counter used to
+        fail only after every other object was restored, and then on every later save).
+        """
+        if self._self_save_counter is not None:
+            return {}
+        reuse: RestoreReuse = self._self_restore_reuse
+        node_id = reuse.counter_node(graph)
+        if node_id is None:
+            return {}
+        shape: tuple[int, ...] = ()
+        for attribute in graph.proto.nodes[node_id].attributes:
+            key = attribute.checkpoint_key
+            if attribute.name == VARIABLE_VALUE_KEY and index.has_tensor(key):
+                saved = tuple(index.shape(key))
+                shape = saved if _is_counter_shape(saved) else ()
+        return {node_id: Variable(np.zeros(shape, dtype=np.int64), name=SAVE_COUNTER)}
+
+    def _took_counter(self, offered: dict[int, Variable]) -> None:
+        """Keep the counter a read restored (the checkpoint had one) for its creation."""
+        for counter in offered.values():
+            if counter._update_uid > 0:
+                object.__setattr__(self, "_self_pending_counter", counter)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -350,14 +431,20 @@ class Checkpoint(AutoTrackable):
         A checkpoint without an object graph (TF1 ``Saver``) is matched by name instead
         (``trackpoint.checkpoint.name_based``).
 
+        All or nothing: every value is read and verified before any object changes, the
+        checkpoint's ``save_counter`` included (it is restored now into the counter this
+        Checkpoint creates later, so its node counts as matched). A read that raises changed
+        no object and left this Checkpoint as it was: it saves and restores normally after.
+
         Returns:
             A load status (``assert_consumed()`` … ``expect_partial()``).
 
         Raises:
             NotFoundError: no checkpoint at ``path`` (with a hint at the ``-N`` suffix).
             InvalidArgumentError: a saved value does not fit its object (shape, dtype; names
-                the checkpoint key) — that object keeps its value.
-            DataLossError: the files are damaged.
+                the checkpoint key) — no object changed.
+            DataLossError: the files are damaged (``save_counter``'s value too) — no object
+                changed.
         """
         options = CheckpointOptions.resolve(options)
         self.sync()
@@ -374,16 +461,34 @@ class Checkpoint(AutoTrackable):
             sizes = reader.bundle.file_sizes() if options.progress is not None else None
         if graph is None or not graph.proto.nodes:
             # No object graph: a TF1 Saver checkpoint, matched to objects by name.
-            return restore_name_based(self._self_view, prefix, options, index=reader.bundle)
+            return self._read_name_based(prefix, options, reader.bundle)
         view: ObjectGraphView = self._self_view
+        own = self._counter_candidate(graph, reader.bundle)
         # The parsed index is reused by every read of this load (deferred ones too).
-        coordinator, snapshot = reuse.restore(view, graph, prefix, options, reader.bundle)
+        coordinator, snapshot = reuse.restore(view, graph, prefix, options, reader.bundle, own=own)
+        self._took_counter(own)
         self._self_history.restored(prefix, options.storage)  # incremental saves compare to it
         seconds = time.perf_counter() - started
         metrics.record_duration(metrics.READ_DURATION, seconds)
         if sizes is not None and options.progress is not None:
-            options.progress(_restored_event(prefix, seconds, sizes))
+            _report_restored(options.progress, _restored_event(prefix, seconds, sizes))
         return CheckpointLoadStatus(coordinator, view, options, snapshot=snapshot)
+
+    def _read_name_based(
+        self, prefix: str, options: CheckpointOptions, index: BundleReader
+    ) -> LoadStatus:
+        """Restore a TF1 checkpoint by name, a new counter offered as ``save_counter`` (so a
+        value under that name is verified and restored with the others, as in ``_read``)."""
+        view: ObjectGraphView = self._self_view
+        if self._self_save_counter is not None:
+            return restore_name_based(view, prefix, options, index=index)
+        counter = Variable(np.zeros((), dtype=np.int64), name=SAVE_COUNTER)
+        offered = ObjectGraphView(
+            view.root, [*view.attached_dependencies, TrackableReference(SAVE_COUNTER, counter)]
+        )
+        status = restore_name_based(offered, prefix, options, index=index)
+        self._took_counter({0: counter})
+        return status
 
     def restore(
         self, path: PathLike | None, options: CheckpointOptions | None = None
@@ -394,6 +499,10 @@ class Checkpoint(AutoTrackable):
         ``restore(tp.latest_checkpoint(d))`` gives in a fresh directory). Restoring a
         ``write()`` checkpoint (no ``save_counter`` in it) creates the counter at 0; the
         status's assertions do not count it as unmatched (TF's do; semantics D2).
+
+        The counter's saved value is verified with every other value, before any object
+        changes: a damaged counter fails the restore with nothing changed, and no counter is
+        created by a restore that raises (the Checkpoint saves and restores normally after).
 
         Raises:
             Same as :meth:`read`.

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import logging
 import weakref
 from collections.abc import Callable, Mapping
@@ -42,7 +41,12 @@ import numpy as np
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.checkpoint.restore_bulk import NO_CHILDREN as _NO_CHILDREN
-from trackpoint.checkpoint.restore_bulk import plan_variables, queue_all_children
+from trackpoint.checkpoint.restore_bulk import (
+    children_of,
+    is_leaf,
+    plan_variables,
+    queue_all_children,
+)
 from trackpoint.checkpoint.restore_plan import RestorePlan, WalkRecord
 from trackpoint.checkpoint.saved_graph import SavedGraph
 from trackpoint.checkpoint.unrestored import WarningState, warn_unrestored
@@ -55,7 +59,6 @@ from trackpoint.saving.restore import (
     agreement_pending,
     restore_items,
 )
-from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, next_restore_uid
 from trackpoint.tracking.containers import TrackableDataStructure
 from trackpoint.tracking.slots import PendingSlot, SlotOwner
@@ -191,20 +194,42 @@ class RestoreCoordinator:
             return self.index.reopen()
         return BundleReader(self.prefix, storage=self.options.storage)
 
-    def execute(self, plan: RestorePlan, build: Callable[[], None] | None = None) -> None:
+    def execute(
+        self, plan: RestorePlan, build: Callable[[], None] | None = None, *,
+        own: Mapping[int, Trackable] | None = None,
+    ) -> None:
         """Run ``build`` (which fills ``plan``), read and verify every value, apply, commit.
 
-        On any error the plan's bindings are forgotten and no object has changed.
+        On any error the plan's bindings are forgotten and no object has changed. ``own``:
+        node id -> an object of the checkpoint itself the program does not hold yet (the
+        ``save_counter`` of a Checkpoint without one): a node the walk leaves for deferred
+        restoration is planned into it instead, verified and applied with every other value.
         """
         try:
             if build is not None:
                 build()
+            if own:
+                self._plan_own(plan, own)
             if plan.targets or plan.items or plan.registered or agreement_pending():
                 self._restore_values(plan)
         except BaseException:
             self._rollback(plan)
             raise
         self._commit(plan)
+
+    def _plan_own(self, plan: RestorePlan, own: Mapping[int, Trackable]) -> None:
+        """Plan the deferred nodes ``own`` has an object for into that object (see execute)."""
+        deferred, plan.deferred = plan.deferred, []
+        for entry in deferred:
+            position = entry[2]
+            if not isinstance(position, CheckpointPosition) or (
+                (trackable := own.get(position.proto_id)) is None
+            ):
+                plan.deferred.append(entry)
+            elif position.bind_object(trackable, plan) and not self.plan_node(
+                plan, position.proto_id, position.node, trackable
+            ):
+                plan.unassigned.append(position.proto_id)
 
     def _restore_values(self, plan: RestorePlan) -> None:
         names, nodes = self.node_name, plan.nodes
@@ -334,14 +359,16 @@ class CheckpointPosition:
 
     def walk_and_restore(
         self, trackable: Trackable, children: Mapping[str, Trackable] | None = None,
-        record: WalkRecord | None = None,
+        record: WalkRecord | None = None, *, own: Mapping[int, Trackable] | None = None,
     ) -> RestorePlan | None:
         """:meth:`restore`, keeping what the walk met in ``record``; the plan carried out, or
-        None if the node was bound before (nothing done)."""
+        None if the node was bound before (nothing done). ``own``: see ``execute``."""
         plan = RestorePlan()
         if not self.bind_object(trackable, plan):
             return None
-        self._coordinator.execute(plan, lambda: self._walk(plan, trackable, children, record))
+        self._coordinator.execute(
+            plan, lambda: self._walk(plan, trackable, children, record), own=own
+        )
         return plan
 
     # -- the walk ----------------------------------------------------------------------------
@@ -412,7 +439,7 @@ class CheckpointPosition:
                 if index == 0 and root_children is not None:
                     children = root_children
                 else:
-                    children = _children_of(trackable, record)
+                    children = children_of(trackable, record)
                 self._queue_children(plan, queue, index, trackable, node_children, children, record)
             elif record is not None:
                 if index == 0:
@@ -420,7 +447,7 @@ class CheckpointPosition:
                 elif not general and plain_variables:  # most objects: answered without a call
                     leaf = not getattr(trackable, "_self_dependencies", None)
                 else:
-                    leaf = _is_leaf(trackable)
+                    leaf = is_leaf(trackable)
                 if not leaf:
                     record.fail()  # the program's object has children the checkpoint's lacks
                 record.children.append(_NO_CHILDREN)
@@ -549,34 +576,6 @@ def _defer_slot(
     coordinator: RestoreCoordinator, optimizer_id: int, restoration: _DeferredSlotRestoration
 ) -> None:
     coordinator.deferred_slot_restorations.setdefault(optimizer_id, []).append(restoration)
-
-
-def _children_of(trackable: Trackable, record: WalkRecord | None) -> dict[str, Trackable]:
-    """``trackable``'s children as trackables (adapters for adapted values).
-
-    A child that is not trackable is left out (a walk of the program's graph would raise on
-    it: ``record`` fails).
-    """
-    children = trackable._trackable_children()
-    if all(map(isinstance, children.values(), itertools.repeat(Trackable))):
-        return dict(children)  # the usual case: already trackables
-    converted = {}
-    for name, child in children.items():
-        trackable_child = to_trackable(child)
-        if trackable_child is not None:
-            converted[name] = trackable_child
-        elif record is not None:
-            record.fail()
-    return converted
-
-
-def _is_leaf(trackable: Trackable) -> bool:
-    """Whether ``trackable`` has no children (asked without a call for most objects)."""
-    if type(trackable)._trackable_children is _PLAIN_CHILDREN and not getattr(
-        trackable, "_self_dependencies", None
-    ):
-        return True
-    return not trackable._trackable_children()
 
 
 def _has_checkpoint_values(node: TrackableObjectGraph.TrackableObject) -> bool:

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from trackpoint.checkpoint.restore_plan import RestorePlan, WalkRecord
+from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
 from trackpoint.tracking.variable import Variable
 
-__all__ = ["NO_CHILDREN", "Queue", "plan_variables", "queue_all_children"]
+__all__ = ["NO_CHILDREN", "Queue", "children_of", "is_leaf", "plan_variables", "queue_all_children"]
 
 NO_CHILDREN: Mapping[str, Trackable] = {}  # shared by every leaf of a WalkRecord (read-only)
 Queue = list[tuple[int, Trackable]]
@@ -126,3 +127,35 @@ _NAME = operator.attrgetter("name")
 _CHECKPOINT_KEY = operator.attrgetter("checkpoint_key")
 _UPDATE_UID = operator.attrgetter("_self_update_uid")
 _HAS_SAVER = operator.methodcaller("HasField", "registered_saver")
+_PLAIN_CHILDREN = Trackable._trackable_children
+
+
+# -- what the walk's loop asks of one object (moved here from restore.py) --------------------
+
+
+def children_of(trackable: Trackable, record: WalkRecord | None) -> dict[str, Trackable]:
+    """``trackable``'s children as trackables (adapters for adapted values).
+
+    A child that is not trackable is left out (a walk of the program's graph would raise on
+    it: ``record`` fails).
+    """
+    children = trackable._trackable_children()
+    if all(map(isinstance, children.values(), itertools.repeat(Trackable))):
+        return dict(children)  # the usual case: already trackables
+    converted = {}
+    for name, child in children.items():
+        trackable_child = to_trackable(child)
+        if trackable_child is not None:
+            converted[name] = trackable_child
+        elif record is not None:
+            record.fail()
+    return converted
+
+
+def is_leaf(trackable: Trackable) -> bool:
+    """Whether ``trackable`` has no children (asked without a call for most objects)."""
+    if type(trackable)._trackable_children is _PLAIN_CHILDREN and not getattr(
+        trackable, "_self_dependencies", None
+    ):
+        return True
+    return not trackable._trackable_children()

@@ -28,11 +28,13 @@ again ask the snapshot instead, and walk only if the structure changed since the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from trackpoint.checkpoint.restore import CheckpointPosition, RestoreCoordinator
 from trackpoint.checkpoint.restore_plan import RestorePlan, WalkRecord
 from trackpoint.checkpoint.saved_graph import SavedGraph
+from trackpoint.graph.keys import SAVE_COUNTER
 from trackpoint.graph.structure import StructureSnapshot
 
 if TYPE_CHECKING:
@@ -96,11 +98,31 @@ class _Kept(NamedTuple):
 class RestoreReuse:
     """What one ``Checkpoint``'s last read lends the next (see the module docstring)."""
 
-    __slots__ = ("_graph", "_kept")
+    __slots__ = ("_counter", "_graph", "_kept")
 
     def __init__(self) -> None:
         self._graph: SavedGraph | None = None
         self._kept: _Kept | None = None
+        self._counter: tuple[SavedGraph, int | None] | None = None
+
+    def counter_node(self, graph: SavedGraph) -> int | None:
+        """The node of the root's ``save_counter`` child in ``graph``, if it has one.
+
+        Asked at every read of a Checkpoint without a counter: answered once per graph (a
+        root may have 100,000 children; the counter, added last, is usually the last).
+        """
+        kept = self._counter
+        if kept is not None and kept[0] is graph:
+            return kept[1]
+        nodes = graph.proto.nodes
+        node_id = next(
+            (c.node_id for c in reversed(nodes[0].children) if c.local_name == SAVE_COUNTER),
+            None,
+        )
+        if node_id is not None and not 0 <= node_id < len(nodes):
+            node_id = None  # an id out of range is the graph checks' to report
+        self._counter = (graph, node_id)
+        return node_id
 
     def load_graph(self, bundle: BundleReader) -> SavedGraph | None:
         """The checkpoint's object graph (the last one's if the bytes are the same)."""
@@ -116,9 +138,12 @@ class RestoreReuse:
         prefix: str,
         options: CheckpointOptions,
         index: BundleReader,
+        *,
+        own: Mapping[int, Trackable] | None = None,
     ) -> tuple[RestoreCoordinator, StructureSnapshot | None]:
         """Restore ``view``'s objects from the checkpoint: replay the last walk if nothing
-        changed, else walk (and keep what the next read may reuse).
+        changed, else walk (and keep what the next read may reuse). ``own``: the checkpoint's
+        own objects the program does not hold yet (see :meth:`RestoreCoordinator.execute`).
 
         Returns:
             The coordinator of this load, and a snapshot of the structure it met (None if the
@@ -131,12 +156,14 @@ class RestoreReuse:
         try:
             if kept is not None and objects is not None and objects[0] is root:
                 plan, replay = RestorePlan(), kept.template.replay
-                coordinator.execute(plan, lambda: replay(coordinator, objects, plan))
+                coordinator.execute(plan, lambda: replay(coordinator, objects, plan), own=own)
             else:
                 refs = view.list_children(root)
                 children = {ref.name: ref.ref for ref in refs}
                 record = WalkRecord([]) if not graph.slot_variables() else None
-                walked = CheckpointPosition(coordinator, 0).walk_and_restore(root, children, record)
+                walked = CheckpointPosition(coordinator, 0).walk_and_restore(
+                    root, children, record, own=own
+                )
                 kept = _keep(view, graph, record, walked)
         except BaseException:
             coordinator.expect_partial = True  # the error says it all; no "unrestored" warning

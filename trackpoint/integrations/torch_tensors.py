@@ -241,6 +241,24 @@ def copy_into(tensor: torch.Tensor, saved: Any, *, what: str = "tensor") -> None
     prepare_copy(tensor, saved, what=what)()
 
 
+def _check_writable(tensor: torch.Tensor, what: str) -> None:
+    """Refuse, before any object changes, a tensor that ``copy_`` would refuse mid-apply."""
+    if tensor.is_inference() and not torch.is_inference_mode_enabled():
+        raise InvalidArgumentError(
+            f"cannot restore {what} in place: it is an inference tensor (made under "
+            "torch.inference_mode()), which cannot be updated outside inference mode; restore "
+            "into a normal tensor (tensor.clone() outside inference mode)"
+        )
+    if tensor.numel() > 1 and any(
+        stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)
+    ):
+        raise InvalidArgumentError(
+            f"cannot restore {what} in place: several of its elements share one memory "
+            f"location (an expanded view, strides {tuple(tensor.stride())}); restore into "
+            "tensor.clone() instead"
+        )
+
+
 def prepare_copy(tensor: torch.Tensor, saved: Any, *, what: str = "tensor") -> Callable[[], None]:
     """Check that ``saved`` fits ``tensor``; return the step that copies it in (see copy_into).
 
@@ -250,6 +268,7 @@ def prepare_copy(tensor: torch.Tensor, saved: Any, *, what: str = "tensor") -> C
     """
     _check_storable(tensor, what)
     array = check_restorable(tensor, saved, what=what)
+    _check_writable(tensor, what)
 
     def apply() -> None:
         source = tensor_from_numpy(array, tensor.dtype)

@@ -37,6 +37,15 @@ class ProgressEvent:
     after ``"stage"`` come from the writer thread. The callback runs inline: keep it quick
     and thread-safe; an exception it raises during a save aborts that save (docs/metrics.md).
 
+    Restores are all or nothing, and so are their events: every ``"read"`` event comes while
+    the values are being read and verified, before any object changes, so an exception a
+    callback raises there fails the restore with nothing changed. ``"restored"`` comes once
+    every object has its value; an exception the callback raises then cannot undo that and
+    would make a restore that raised yet changed everything, so it is logged (logger
+    ``trackpoint.checkpoint``, with its traceback) and the restore returns normally. (A
+    ``KeyboardInterrupt`` or ``SystemExit`` still propagates: like a Ctrl-C just after
+    ``restore`` returned, it interrupts a restore that is complete.)
+
     Example::
 
         def log_progress(event: ProgressEvent) -> None:

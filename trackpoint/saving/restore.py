@@ -12,8 +12,12 @@ so one set of rules holds for all of them:
    :meth:`BundleReader.read_slice`); arrays are zero-copy views of the mapped files, so
    verifying first holds no second copy of the state;
 3. every object checks its values (``Trackable._prepare_restore``: shape, dtype, slot shapes,
-   optimizer group sizes) and returns the step that applies them;
-4. only then is every object changed, each by copying once from the mapped file;
+   optimizer group sizes, whether the target can be written at all: a read-only array, a torch
+   tensor whose elements share memory) and returns the step that applies them; registered
+   savers are looked up and their strict predicates checked;
+4. only then is every object changed, each by copying once from the mapped file. Nothing
+   foreseeable can fail here (step 3 checked it), and a SIGINT arriving meanwhile is held
+   until the last copy is done, so Ctrl-C never leaves half the objects restored;
 5. registered savers' ``restore_fn``s (user code) run last, as in TensorFlow, so they see the
    restored objects; they never run on a checkpoint that failed steps 1–3.
 
@@ -23,7 +27,7 @@ process applies its values only if every process verified its own, so a damaged 
 one process leaves the objects of all of them unchanged. A registered saver's ``restore_fn`` that
 fails leaves the built-in objects restored and its own objects as it left them: trackpoint
 cannot roll back user code, so a ``restore_fn`` that must be all-or-nothing checks its files
-before it changes anything.
+before it changes anything (the one exception to "a restore that raises changed nothing").
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import functools
 import itertools
 import logging
 import math
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -371,9 +377,18 @@ def _prepare_batch(
     return applies
 
 
-def _run_registered_savers(
+_RestoreFn = Callable[[], None]
+
+
+def _registered_restores(
     registered: Mapping[str, Mapping[str, Trackable]], prefix: str
-) -> None:
+) -> list[_RestoreFn]:
+    """Each registered saver's ``restore_fn`` call, its saver found and its objects checked.
+
+    Done before any object changes: a strict predicate that rejects an object fails the
+    restore while nothing has changed yet.
+    """
+    calls: list[_RestoreFn] = []
     for name, objects in registered.items():
         try:
             saver = get_registered_saver(name)
@@ -386,7 +401,37 @@ def _run_registered_savers(
             continue
         selected = objects_to_restore(name, dict(objects))
         if selected:
-            saver.restore_fn(selected, prefix)
+            calls.append(functools.partial(saver.restore_fn, selected, prefix))
+    return calls
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold a SIGINT (Ctrl-C) that arrives inside the block until the block is done.
+
+    The apply step copies values that are already verified: an interrupt between two copies
+    would leave half the objects restored. Only the main thread receives signals; elsewhere
+    (and where SIGINT is not Python's to handle) this does nothing. Two handler swaps per
+    restore, whatever its size.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except (ValueError, OSError):  # pragma: no cover  (no signal support here)
+        previous = None
+    if not callable(previous):  # SIG_IGN, SIG_DFL or not installed by Python: leave it
+        yield
+        return
+    held: list[tuple[int, Any]] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            previous(*held[0])  # the user's handler (KeyboardInterrupt by default), now
 
 
 def restore_items(
@@ -412,9 +457,10 @@ def restore_items(
     Raises:
         NotFoundError: a key is missing (nothing changed).
         DataLossError: a value is damaged (nothing changed).
-        InvalidArgumentError: a value does not fit its object (nothing changed).
-        Exception: whatever a registered saver's ``restore_fn`` raised (built-in objects are
-            restored by then).
+        InvalidArgumentError: a value does not fit its object, or a registered saver's strict
+            predicate rejects an object (nothing changed).
+        Exception: whatever a ``"read"`` progress callback raised (nothing changed), or a
+            registered saver's ``restore_fn`` (built-in objects are restored by then).
     """
     name = prefix if prefix is not None else reader.prefix
     agreement = _agreement.get()
@@ -426,14 +472,15 @@ def restore_items(
             applies = [_prepare(item, values.of(item), name) for item in items]
         else:
             applies = _prepare_batch(items, variables, values, name)
+        restore_fns = _registered_restores(registered, name) if registered else ()
     except BaseException as exc:
         if agreement is not None:
             agreement.vote(exc)
         raise
     if agreement is not None:
         agreement.vote(None)
-    for apply in applies:
-        apply()
-    if registered:
-        _run_registered_savers(registered, name)
-
+    with _interrupts_held():
+        for apply in applies:
+            apply()
+    for restore_fn in restore_fns:
+        restore_fn()
