@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trackpoint.errors import InvalidArgumentError
+from trackpoint.errors import DataLossError, InvalidArgumentError
 from trackpoint.tracking import AutoTrackable, NoDependency, Trackable, Variable, has_values
 from trackpoint.tracking.adapters import to_trackable
 
@@ -62,6 +62,26 @@ def test_add_variable_uses_saved_spec_for_restore_on_create():
     assert log == [(1, w)]
     plain = parent._add_variable("plain", shape=(2,))
     assert plain.dtype == np.float32 and plain.numpy().tolist() == [0.0, 0.0]
+
+
+def test_add_variable_whose_waiting_restore_fails_is_not_left_declared():
+    """A damaged saved value fails the restore on creation; the name must stay free, else the
+    object could never create that variable again ("already declared")."""
+
+    class Failing(FakePosition):
+        def restore(self, trackable):
+            raise DataLossError("damaged value")
+
+    parent = Trackable()
+    parent._deferred_dependencies["w"] = [Failing(1, [], spec=((2,), np.dtype(np.float32)))]
+    with pytest.raises(DataLossError):
+        parent._add_variable("w")
+    assert "w" not in parent._trackable_children()
+    with pytest.raises(DataLossError):  # tried again, not refused as "already declared"
+        parent._add_variable("w")
+    parent._deferred_dependencies.clear()
+    w = parent._add_variable("w", shape=(2,))
+    assert parent._trackable_children()["w"] is w
 
 
 def test_has_values():

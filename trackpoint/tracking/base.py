@@ -325,7 +325,15 @@ class Trackable:
         else:
             value = initial_value() if callable(initial_value) else initial_value
         variable = Variable(value, dtype=dtype, name=name)
-        self._track_trackable(variable, name, overwrite=overwrite)
+        new_name = name not in self._self_dependency_names
+        try:
+            self._track_trackable(variable, name, overwrite=overwrite)
+        except BaseException:
+            # A waiting restore that fails (a damaged value) must not leave the variable
+            # declared: the caller could never create it again ("already declared").
+            if new_name and self._self_dependency_names.get(name) is variable:
+                self._untrack(name)
+            raise
         return variable
 
     def _preload_spec(self, name: str) -> tuple[tuple[int, ...], Any] | None:
