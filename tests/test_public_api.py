@@ -39,7 +39,7 @@ DESIGN_NAMES = [
 ]
 
 # Imported on first attribute access (DESIGN.md: "lazily imported framework modules").
-LAZY_MODULES = ["jax", "keras", "lightning", "torch"]
+LAZY_MODULES = ["accelerate", "jax", "keras", "lightning", "torch", "transformers"]
 
 # What a user writes a sharding policy against: the two policies, their base class, the input
 # a policy receives and the shard it returns. Validation and naming helpers stay internal.
@@ -151,6 +151,7 @@ def test_import_is_light_and_tp_jax_loads_on_demand() -> None:
     code = (
         "import sys, trackpoint as tp\n"
         "assert 'jax' not in sys.modules and 'torch' not in sys.modules, 'eager import'\n"
+        "assert not {'transformers', 'accelerate'} & set(sys.modules), 'eager HF import'\n"
         "assert callable(tp.jax.restore)\n"
         "assert 'jax' in sys.modules\n"
     )

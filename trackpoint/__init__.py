@@ -53,10 +53,12 @@ __all__ = [
 ]
 
 _LAZY_MODULES = {
+    "accelerate": "trackpoint.integrations.accelerate",
     "jax": "trackpoint.integrations.jax",
     "keras": "trackpoint.integrations.keras",
     "lightning": "trackpoint.integrations.lightning",
     "torch": "trackpoint.integrations.torch",
+    "transformers": "trackpoint.integrations.transformers",
 }
 
 

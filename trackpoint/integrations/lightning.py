@@ -24,7 +24,8 @@ and loading never unpickles.
 Works with ``AsyncCheckpointIO(TrackpointCheckpointIO())`` (Lightning clones the tensors, the
 write runs on its thread) and with ``Fabric(plugins=[...])`` (``fabric.save``/``fabric.load``).
 ``LightningModule.load_from_checkpoint`` reads files with ``torch.load`` itself, bypassing the
-plugin: use :func:`read_checkpoint_dict` and ``model.load_state_dict(ckpt["state_dict"])``.
+plugin: use :func:`load_from_checkpoint` (``tp.lightning.load_from_checkpoint(Model, path)``)
+or mix :class:`TrackpointLoadingMixin` into the module class (:mod:`.lightning_load`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 from trackpoint._types import PathLike, fspath
 from trackpoint.errors import InvalidArgumentError
+from trackpoint.integrations.lightning_load import TrackpointLoadingMixin, load_from_checkpoint
 from trackpoint.integrations.lightning_read import read_checkpoint_dict
 from trackpoint.integrations.lightning_state import (
     CHECKPOINT_DICT_NAME,
@@ -56,6 +58,8 @@ __all__ = [
     "CHECKPOINT_DICT_NAME",
     "MapLocation",
     "TrackpointCheckpointIO",
+    "TrackpointLoadingMixin",
+    "load_from_checkpoint",
     "read_checkpoint_dict",
     "write_checkpoint_dict",
 ]
