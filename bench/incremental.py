@@ -9,7 +9,9 @@ moments double the adapters' bytes). Between saves one optimizer step changes th
 Adam's state; the base never changes. Each system saves 10 times:
 
 * trackpoint, full saves and ``CheckpointOptions(incremental=True)``, through a
-  ``CheckpointManager``;
+  ``CheckpointManager``; the incremental saves also with the verification of linked data files
+  turned off (``incremental._VERIFY_LINKED``, a private switch only this benchmark touches), to
+  measure what verifying costs in the same run, and the verification time of each save;
 * ``torch.save`` of the model and optimizer state dicts;
 * safetensors (model tensors and Adam's tensors, flattened);
 * torch.distributed.checkpoint (DCP) of the full state, and with
@@ -46,8 +48,24 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import trackpoint as tp  # noqa: E402
+from trackpoint.saving import incremental  # noqa: E402
 
 MIB = 1 << 20
+_VERIFY_SECONDS: list[float] = []  # time in incremental.verify_files during the current save
+
+
+def _time_verification() -> None:
+    """Wrap ``incremental.verify_files`` so that each save's verification time is recorded."""
+    real = incremental.verify_files
+
+    def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            _VERIFY_SECONDS.append(time.perf_counter() - started)
+
+    incremental.verify_files = timed  # type: ignore[assignment]
 
 
 class LoraLinear(torch.nn.Module):
@@ -105,14 +123,16 @@ def _run(
 ) -> dict[str, object]:
     work = tempfile.mkdtemp(dir=directory, prefix=f"tp-inc-{name.split()[0]}-")
     seen: dict[int, int] = {}
-    times, written = [], []
+    times, written, verify = [], [], []
     try:
         for step in range(1, saves + 1):
             _train_step(model, optimizer)
             gc.collect()
+            _VERIFY_SECONDS.clear()
             started = time.perf_counter()
             path = save(step, work)
             times.append(time.perf_counter() - started)
+            verify.append(sum(_VERIFY_SECONDS))
             now = _inodes(work)
             written.append(sum(size for ino, size in now.items() if ino not in seen))
             seen.update(now)
@@ -125,19 +145,23 @@ def _run(
         total = sum(_inodes(work).values()) if keep else sum(written)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"name": name, "times": times, "written": written, "total": total}
+    return {"name": name, "times": times, "written": written, "total": total, "verify": verify}
 
 
 def _systems(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple]:
-    def trackpoint_save(incremental: bool) -> Callable[[int, str], str | None]:
-        options = tp.CheckpointOptions(incremental=incremental)
+    def trackpoint_save(inc: bool, verify: bool = True) -> Callable[[int, str], str | None]:
+        options = tp.CheckpointOptions(incremental=inc)
         managers: list[tp.CheckpointManager] = []  # one Checkpoint (one history) per system
 
         def save(step: int, work: str) -> str | None:
             if not managers:
                 ckpt = tp.Checkpoint(model=model, optimizer=optimizer)
                 managers.append(tp.CheckpointManager(ckpt, work, max_to_keep=None))
-            return managers[0].save(options=options)
+            incremental._VERIFY_LINKED = verify
+            try:
+                return managers[0].save(options=options)
+            finally:
+                incremental._VERIFY_LINKED = True
 
         return save
 
@@ -174,6 +198,7 @@ def _systems(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[t
     return [
         ("trackpoint full", trackpoint_save(False), False),
         ("trackpoint incremental", trackpoint_save(True), True),
+        ("trackpoint incremental, links unverified", trackpoint_save(True, verify=False), True),
         ("torch.save", torch_save, False),
         ("safetensors", safetensors_save, False),
         ("DCP full", dcp_save(True), False),
@@ -193,6 +218,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
     console = Console(width=150)
+    _time_verification()
     model = _model(args.small)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     _train_step(model, optimizer)  # Adam's state exists from the first save on
@@ -238,6 +264,21 @@ def main() -> int:
     median_time = statistics.median(inc["times"][1:])  # type: ignore[arg-type]
     console.print("incremental save times (s): "
                   + " ".join(f"{t:.3f}" for t in inc["times"]))  # type: ignore[attr-defined]
+    verified = [v for v in inc["verify"][1:] if v]  # type: ignore[index]
+    if verified:
+        console.print(
+            f"link verification (saves 2-{args.saves}): median "
+            f"{statistics.median(verified) * 1e3:.1f} ms, max {max(verified) * 1e3:.1f} ms "
+            f"(of a median incremental save of {median_time * 1e3:.1f} ms); per save: "
+            + " ".join(f"{v * 1e3:.1f}" for v in inc["verify"])  # type: ignore[attr-defined]
+        )
+    bare = next((r for r in results if r["name"].endswith("unverified")), None)
+    if bare is not None:
+        bare_time = statistics.median(bare["times"][1:])  # type: ignore[arg-type,index]
+        console.print(
+            f"incremental saves 2-{args.saves}, median: {median_time * 1e3:.1f} ms verified, "
+            f"{bare_time * 1e3:.1f} ms unverified ({median_time / bare_time - 1:+.0%})"
+        )
     budget = (base + args.saves * changed) * 1.05
     checks = [
         (f"saves 2-{args.saves} write <= 2x the changed bytes",

@@ -330,12 +330,14 @@ def test_async_save_fails_cleanly_when_an_uncopied_value_cannot_be_read_back(
     tmp_path: Path,
 ) -> None:
     """A value unchanged at the call but not linkable is read back from the previous
-    checkpoint; if that checkpoint was replaced meanwhile, the save fails, committing nothing."""
+    checkpoint, or taken from memory if it still holds the call's value; if that checkpoint
+    was replaced meanwhile and the value changed, the save fails, committing nothing."""
     options = tp.CheckpointOptions(incremental=True, enable_async=True)
+    smalls: dict[int, np.ndarray] = {}
 
     def work(rank: int, collective: tpd.Collective) -> list[Any]:
         r = Rank(rank, 2, collective)
-        small = np.ones((64, 64), np.float32)
+        small = smalls[rank] = np.ones((64, 64), np.float32)
         with_small(r, collective, small)
         out: list[Any] = [r.ckpt.save(tmp_path / "ckpt", options)]
         r.ckpt.sync()
@@ -347,6 +349,8 @@ def test_async_save_fails_cleanly_when_an_uncopied_value_cannot_be_read_back(
             out.append(None)
         except CheckpointError as exc:
             out.append(exc)
+        r.adapter[:], small[:] = 3, 7
+        out.append(r.ckpt.save(tmp_path / "ckpt", INC))  # after the failure: complete
         r.ckpt.close()
         return out
 
@@ -358,6 +362,8 @@ def test_async_save_fails_cleanly_when_an_uncopied_value_cannot_be_read_back(
     gone = threading.Event()
 
     def shard(self: Any, tensors: Any) -> Any:
+        if self.detached:
+            smalls[self.rank][:] = -1  # changed after the call, before this rank plans
         if self.detached and not gone.is_set():
             with gone_lock:
                 if not gone.is_set():
@@ -373,7 +379,55 @@ def test_async_save_fails_cleanly_when_an_uncopied_value_cannot_be_read_back(
     finally:
         dsaver._SaveRun._shard = real  # type: ignore[method-assign]
     assert gone.is_set()
-    for rank, (_, failed) in enumerate(results):
+    for rank, (_, failed, _) in enumerate(results):
         assert isinstance(failed, CheckpointError), (rank, failed)
         assert "not copied" in str(failed), failed
     assert not (tmp_path / "ckpt-2.index").exists()
+    third = Path(results[0][2])
+    check_values(third, 3.0)
+    np.testing.assert_array_equal(read_all(third)[key("small")], np.full((64, 64), 7.0))
+
+
+def flip_a_byte_keeping_mtime(path: Path) -> None:
+    stat = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(stat.st_size // 2)
+        byte = f.read(1)
+        f.seek(stat.st_size // 2)
+        f.write(bytes([byte[0] ^ 0x40]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_damaged_data_files_are_not_linked_forward_by_any_rank(tmp_path: Path, mode: str) -> None:
+    """Issue 27 finding 2, thread ranks: the previous checkpoint's large data files (the base
+    and both ranks' table rows) damaged in place, size and mtime kept. Each rank writes its
+    values from memory instead of linking them; after rotation the newest checkpoint is whole.
+    """
+    options = tp.CheckpointOptions(incremental=True, enable_async=mode == "async")
+
+    def work(rank: int, collective: tpd.Collective) -> list[str]:
+        r = Rank(rank, 2, collective)
+        manager = tp.CheckpointManager(r.ckpt, tmp_path, max_to_keep=2)
+        paths = [manager.save(options=options)]
+        r.ckpt.sync()
+        collective.all_gather(None)  # both ranks are past the first save
+        if rank == 0:
+            for path in data_files(Path(paths[0])):
+                if os.path.getsize(path) >= MIB:
+                    flip_a_byte_keeping_mtime(path)
+        collective.all_gather(None)  # damaged before either rank plans the next save
+        for step in (2, 3, 4):
+            r.adapter[:] = step
+            paths.append(manager.save(options=options))
+            r.ckpt.sync()
+        r.ckpt.close()
+        return paths
+
+    results = run_ranks(2, work)
+    assert all(isinstance(r, list) for r in results), results
+    last = Path(results[0][-1])
+    assert sorted(p.name for p in tmp_path.glob("*.index")) == ["ckpt-3.index", "ckpt-4.index"]
+    check_values(tmp_path / "ckpt-3", 3.0)
+    check_values(last, 4.0)
+    assert new_bytes(last, tmp_path / "ckpt-3") < 256 << 10  # good files are linked again

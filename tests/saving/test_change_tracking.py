@@ -78,13 +78,22 @@ def test_versions_taken_at_the_call_are_the_tokens() -> None:
     holder = _Holder(ValueVersion(weakref.ref(anchor)))
     a = _value(np.ones(3), "x/.ATTRIBUTES/a", holder)
     b = _value(np.ones(3), "x/.ATTRIBUTES/b", holder)
-    versions = value_versions([a, b])
+    versions = value_versions([a, b], trust=True)
     assert list(versions) == [("x/.ATTRIBUTES/a", "")]
     later = ValueVersion(weakref.ref(np.zeros(1)))
     holder.version = later  # the holder moved on after the call
     tokens = value_tokens([a, b], versions)
     assert tokens[("x/.ATTRIBUTES/a", "")] is versions[("x/.ATTRIBUTES/a", "")]
     assert tokens[("x/.ATTRIBUTES/b", "")] == content_digest(np.ones(3))
-    assert value_tokens([a, b])[("x/.ATTRIBUTES/a", "")] is later
+    assert value_tokens([a, b], trust=True)[("x/.ATTRIBUTES/a", "")] is later
     # No versions at all (an async distributed save's copies): every value is hashed.
     assert value_tokens([a], {})[("x/.ATTRIBUTES/a", "")] == content_digest(np.ones(3))
+
+
+def test_exact_versions_are_not_trusted_by_default() -> None:
+    """Issue 27 finding 14: without ``trust_immutable_arrays`` a value offering a version is
+    hashed like any other (a CPU jax.Array can be written in place through DLPack)."""
+    holder = _Holder(ValueVersion(weakref.ref(np.zeros(1))))
+    a = _value(np.ones(3), "x/.ATTRIBUTES/a", holder)
+    assert value_versions([a]) == {}
+    assert value_tokens([a])[("x/.ATTRIBUTES/a", "")] == content_digest(np.ones(3))

@@ -162,16 +162,40 @@ def test_torch_in_place_updates_are_written_even_when_the_version_counter_misses
     assert any(np.array_equal(s, state["exp_avg"].numpy()) for s in stored)
 
 
-def test_jax_arrays_are_compared_by_identity(tmp_path) -> None:
+@pytest.mark.parametrize("trust", [False, True])
+def test_unchanged_jax_arrays_are_linked(tmp_path, trust) -> None:
     jnp = pytest.importorskip("jax.numpy")
+    options = tp.CheckpointOptions(incremental=True, trust_immutable_arrays=trust)
     state = {"frozen": jnp.ones((512, 1024)), "step": jnp.zeros(())}
     ckpt = tp.Checkpoint(state=state)
-    ckpt.write(str(tmp_path / "a"), INC)
+    ckpt.write(str(tmp_path / "a"), options)
     state["step"] = state["step"] + 1  # rebinding: a new array
-    ckpt.write(str(tmp_path / "b"), INC)
+    state["frozen"] = state["frozen"] + 0  # a new array of the same bytes: linked if hashed
+    ckpt.write(str(tmp_path / "b"), options)
     got = _read_all(str(tmp_path / "b"))
     assert float(got[_key("state/step")]) == 1.0
-    assert any(os.path.getsize(p) >= 2 * MIB for p in _shared_files(str(tmp_path / "b")))
+    shared = [p for p in _shared_files(str(tmp_path / "b")) if os.path.getsize(p) >= 2 * MIB]
+    assert bool(shared) is not trust  # identity: a new object is written again
+
+
+def test_jax_array_changed_in_place_through_dlpack_is_written(tmp_path) -> None:
+    """Issue 27 finding 14: a CPU jax.Array written in place through DLPack is saved with its
+    new value by default; ``trust_immutable_arrays=True`` trusts identity and (as documented)
+    keeps the old bytes."""
+    jnp = pytest.importorskip("jax.numpy")
+    torch = pytest.importorskip("torch")
+    state = {"w": jnp.zeros((256, 1024), jnp.float32)}  # 1 MiB: a data file of its own
+    ckpt = tp.Checkpoint(state=state)
+    ckpt.write(str(tmp_path / "a"), INC)
+    torch.from_dlpack(state["w"]).add_(1)  # same jax.Array object, new bytes
+    ckpt.write(str(tmp_path / "b"), INC)
+    np.testing.assert_array_equal(_read_all(str(tmp_path / "b"))[_key("state/w")], 1.0)
+    trusting = tp.CheckpointOptions(incremental=True, trust_immutable_arrays=True)
+    ckpt.write(str(tmp_path / "c"), trusting)
+    torch.from_dlpack(state["w"]).add_(1)
+    ckpt.write(str(tmp_path / "d"), trusting)
+    np.testing.assert_array_equal(_read_all(str(tmp_path / "d"))[_key("state/w")], 1.0)
+    assert _shared_files(str(tmp_path / "d"))
 
 
 def test_restored_checkpoint_is_the_baseline(tmp_path) -> None:
@@ -285,6 +309,11 @@ def test_object_stores_copy_instead_of_linking() -> None:
         np.testing.assert_array_equal(bundle.read(_key("adapter")), adapter)
 
 
+def test_trust_immutable_arrays_option_is_validated() -> None:
+    with pytest.raises(InvalidArgumentError, match="trust_immutable_arrays"):
+        tp.CheckpointOptions(incremental=True, trust_immutable_arrays=1)  # type: ignore[arg-type]
+
+
 def test_incremental_option_is_validated() -> None:
     with pytest.raises(InvalidArgumentError, match="incremental must be a bool"):
         tp.CheckpointOptions(incremental="yes")  # type: ignore[arg-type]
@@ -342,3 +371,164 @@ def test_fsspec_urls_copy_on_the_server() -> None:
     np.testing.assert_array_equal(got.get_tensor(_key("base/w1")), base["w1"])
     np.testing.assert_array_equal(got.get_tensor(_key("adapter")), adapter)
     fs.rm("/inc-test", recursive=True)
+
+
+def _damage(path: str, how: str, tmp_path) -> None:
+    """Damage data file ``path`` in place; size and mtime kept unless ``how`` is truncation."""
+    stat = os.stat(path)
+    if how == "flipped":  # one bit, mid-file: bit rot, or a hostile edit
+        with open(path, "r+b") as f:
+            f.seek(stat.st_size // 2)
+            byte = f.read(1)
+            f.seek(stat.st_size // 2)
+            f.write(bytes([byte[0] ^ 0x10]))
+    elif how == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(stat.st_size - 4096)
+    else:  # replaced by a valid-looking data file of the same size: other values, same layout
+        other = {f"w{i}": v + 1.0 for i, v in enumerate(_model().values())}
+        tp.Checkpoint(base=other, adapter=np.zeros(16, np.float32)).write(
+            str(tmp_path / "other" / "ckpt"), INC
+        )
+        donor = next(p for p in _data_files(str(tmp_path / "other" / "ckpt"))
+                     if os.path.getsize(p) == stat.st_size)  # fmt: skip
+        with open(donor, "rb") as src, open(path, "r+b") as dst:
+            dst.write(src.read())
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the mtime as it was
+
+
+@pytest.mark.parametrize("how", ["flipped", "truncated", "replaced"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_damaged_data_file_is_never_linked_forward(tmp_path, caplog, how, mode) -> None:
+    """Issue 27 finding 2: a data file of the previous checkpoint damaged in place (same size,
+    mtime restored) is not linked into the next one; its values are written from memory, a
+    warning names it, and after rotation the newest checkpoint reads back the live values."""
+    base, adapter = _model(), np.zeros(16, np.float32)
+    ckpt = tp.Checkpoint(base=base, adapter=adapter)
+    options = tp.CheckpointOptions(incremental=True, enable_async=mode == "async")
+    manager = tp.CheckpointManager(ckpt, tmp_path / "run", max_to_keep=2)
+    first = manager.save(options=options)
+    manager.sync()
+    victim = next(p for p in _data_files(first) if os.path.getsize(p) == MIB)
+    _damage(victim, how, tmp_path)
+    with caplog.at_level("WARNING", logger="trackpoint.saving.incremental"):
+        for step in range(2, 5):
+            adapter[:] = step
+            manager.save(options=options)
+            manager.sync()
+    assert manager.checkpoints == [str(tmp_path / "run" / "ckpt-3"),
+                                   str(tmp_path / "run" / "ckpt-4")]  # fmt: skip
+    for prefix in manager.checkpoints:
+        got = _read_all(prefix)
+        for name, value in base.items():
+            np.testing.assert_array_equal(got[_key(f"base/{name}")], value)
+    np.testing.assert_array_equal(_read_all(manager.latest_checkpoint)[_key("adapter")], adapter)
+    assert _shared_files(manager.latest_checkpoint)  # the good files are still linked
+    assert any(victim in r.getMessage() for r in caplog.records), caplog.text
+    manager.close()
+
+
+def test_damage_to_a_file_shared_by_several_checkpoints_is_not_linked_again(tmp_path) -> None:
+    """The damaged inode is every earlier checkpoint's: the next save writes its values."""
+    base, adapter = _model(), np.zeros(16, np.float32)
+    ckpt = tp.Checkpoint(base=base, adapter=adapter)
+    ckpt.write(str(tmp_path / "a"), INC)
+    adapter[:] = 1
+    ckpt.write(str(tmp_path / "b"), INC)
+    victim = next(p for p in _shared_files(str(tmp_path / "b")) if os.path.getsize(p) == MIB)
+    _damage(victim, "flipped", tmp_path)
+    adapter[:] = 2
+    ckpt.write(str(tmp_path / "c"), INC)
+    victims = {os.stat(victim).st_ino}
+    assert not victims & {os.stat(p).st_ino for p in _data_files(str(tmp_path / "c"))}
+    got = _read_all(str(tmp_path / "c"))
+    for name, value in base.items():
+        np.testing.assert_array_equal(got[_key(f"base/{name}")], value)
+
+
+def test_verifying_linked_files_checks_strings_and_large_pieces_in_runs(
+    tmp_path, monkeypatch
+) -> None:
+    """Strings are verified as TensorFlow checksums them; a piece larger than a run is
+    checksummed in runs whose CRCs are combined (a bit flipped in any run is found)."""
+    from trackpoint.saving import incremental, reuse
+
+    monkeypatch.setattr(reuse, "_RUN_BYTES", 256 << 10)  # 1 MiB values: 4 runs each
+    monkeypatch.setattr(reuse, "_PARALLEL_BYTES", 0)  # the runs on several threads
+    base = _model(2)
+    words = np.array([b"alpha", b"beta", b"", b"gamma" * 100], dtype=object)
+    ckpt = tp.Checkpoint(base=base, words=tp.Variable(words), adapter=np.zeros(4))
+    ckpt.write(str(tmp_path / "a"), INC)
+    ckpt.write(str(tmp_path / "b"), INC)  # the small-values file is written once more
+    ckpt.write(str(tmp_path / "c"), INC)
+    assert len(_shared_files(str(tmp_path / "c"))) == len(_data_files(str(tmp_path / "c")))
+    checked: list[list[str | None]] = []
+    real = incremental.verify_files
+
+    def spy(*args, **kwargs):
+        checked.append(real(*args, **kwargs))
+        return checked[-1]
+
+    monkeypatch.setattr(incremental, "verify_files", spy)
+    previous = str(tmp_path / "c")
+    for offset in (0, MIB // 4 + 5, MIB - 1):  # the first run, a middle one, the last byte
+        big = next(p for p in _data_files(previous) if os.path.getsize(p) == MIB)
+        with open(big, "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 1]))
+        previous = str(tmp_path / f"d{offset}")
+        ckpt.write(previous, INC)
+        assert sum(r is not None for r in checked[-1]) == 1, (offset, checked[-1])
+        got = _read_all(previous)
+        for name, value in base.items():
+            np.testing.assert_array_equal(got[_key(f"base/{name}")], value)
+    small = min(_data_files(previous), key=os.path.getsize)
+    with open(small, "r+b") as f:
+        data = bytearray(f.read())
+        at = data.find(b"gamma")
+        data[at] ^= 1
+        f.seek(0)
+        f.write(data)
+    ckpt.write(str(tmp_path / "e"), INC)
+    assert sum(r is not None for r in checked[-1]) == 1, checked[-1]
+    got = _read_all(str(tmp_path / "e"))
+    assert list(got[_key("words")]) == list(words)
+
+
+def test_crc32c_combine_equals_the_crc_of_the_concatenation() -> None:
+    from trackpoint.bundle.crc import crc32c
+    from trackpoint.saving.reuse import crc32c_combine
+
+    rng = np.random.default_rng(3)
+    for size_a, size_b in [(0, 5), (7, 0), (100, 1000), (3, 1 << 20), (1 << 16, 12345)]:
+        a, b = rng.bytes(size_a), rng.bytes(size_b)
+        assert crc32c_combine(crc32c(a), crc32c(b), size_b) == crc32c(a + b)
+
+
+def test_linked_values_are_verified_by_their_digest_when_they_have_one(
+    tmp_path, monkeypatch
+) -> None:
+    """A value stored whole in one piece is checked by the XXH3 digest of the file's bytes,
+    which must equal the digest of the value in memory (no crc32c fallback in the good case);
+    a byte changed in the file is found by it."""
+    from trackpoint.saving import reuse
+
+    base = _model(2)
+    ckpt = tp.Checkpoint(base=base)
+    ckpt.write(str(tmp_path / "a"), INC)
+    got: list[bytes] = []
+    real = reuse.content_digests
+
+    def spy(arrays):
+        got.extend(real(arrays))
+        return got[-len(arrays) :] if arrays else []
+
+    monkeypatch.setattr(reuse, "content_digests", spy)
+    crcs: list[int] = []
+    monkeypatch.setattr(reuse, "crc32c", lambda data: crcs.append(len(data)) or 0)
+    ckpt.write(str(tmp_path / "b"), INC)
+    assert {content_digest(v) for v in base.values()} <= set(got)
+    assert all(n < MIB for n in crcs), crcs  # the 1 MiB values were never crc-checked
+    assert len(_shared_files(str(tmp_path / "b"))) >= 2

@@ -5,11 +5,14 @@ when it is certainly unchanged; a wrong "unchanged" would put stale bytes into a
 without a word. Each value gets a *token* at the moment of the save, compared with the token
 recorded when the previous checkpoint was written:
 
-* An exact signal, a :class:`ValueVersion`, where a trackable can give one: the value is a pure
-  function of an *immutable* object (a ``jax.Array``), so the same object means the same
-  value. The holder is kept through a weak reference, so a new object at a recycled address
-  never passes for the old one. Trackables offer signals through ``_value_versions()``
-  (:class:`SupportsValueVersions`).
+* An exact signal, a :class:`ValueVersion`, where a trackable can give one *and the save trusts
+  it* (``CheckpointOptions(trust_immutable_arrays=True)``): the value is a pure function of an
+  object believed immutable (a ``jax.Array``), so the same object means the same value. The
+  holder is kept through a weak reference, so a new object at a recycled address never passes
+  for the old one. Trackables offer signals through ``_value_versions()``
+  (:class:`SupportsValueVersions`). Not trusted by default: a CPU ``jax.Array`` can be written
+  in place through DLPack (``torch.from_dlpack(array).add_(1)``), so by default its bytes are
+  hashed like a numpy array's.
 * Otherwise a 128-bit content digest (XXH3-128, ~19 GB/s here: one pass over memory) of
   exactly what the data file stores: the dtype, the shape and the little-endian C-order bytes;
   for strings every element's length and bytes. numpy arrays, ``tp.Variable`` s and torch
@@ -26,7 +29,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -43,6 +46,8 @@ __all__ = [
     "ValueKey",
     "ValueVersion",
     "content_digest",
+    "content_digests",
+    "run_shared",
     "same_token",
     "value_tokens",
     "value_versions",
@@ -192,13 +197,19 @@ def content_digest(array: np.ndarray) -> bytes:
     return xxhash.xxh3_128_digest(header + _hash_rows(array))
 
 
-def value_versions(tensors: Sequence[ShardableTensor]) -> dict[ValueKey, ValueVersion]:
+def value_versions(
+    tensors: Sequence[ShardableTensor], *, trust: bool = False
+) -> dict[ValueKey, ValueVersion]:
     """The exact versions of the values that have one (cheap: no bytes are read).
 
     Take them when the values are snapshotted: a version names the holder *now*.
+    ``trust``: the save's ``trust_immutable_arrays``; without it there are none (every value
+    is hashed), since an "immutable" array can still be written in place through DLPack.
     """
     versions: dict[int, Mapping[str, ValueVersion | None]] = {}
     out: dict[ValueKey, ValueVersion] = {}
+    if not trust:
+        return out
     for st in tensors:
         trackable = st.trackable
         if trackable is None or not hasattr(type(trackable), "_value_versions"):
@@ -226,6 +237,24 @@ def _executor() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(_hash_threads(), thread_name_prefix="trackpoint-hash")
         return _pool
+
+
+def run_shared(work: Callable[[], None]) -> None:
+    """Run ``work`` on the calling thread and, at once, on the other hashing threads (up to 4,
+    never more than the machine's cores); return when every run has.
+
+    ``work`` takes jobs from a queue of its own until it is empty: hashing (XXH3, crc32c)
+    releases the GIL, so the threads hash at once, and no thread waits while others work.
+
+    Raises:
+        The first error a run raised (after every run ended).
+    """
+    helpers = [_executor().submit(work) for _ in range(_hash_threads() - 1)]
+    try:
+        work()
+    finally:
+        for helper in helpers:
+            helper.result()  # re-raises a helper's error
 
 
 def _digests(arrays: Sequence[np.ndarray]) -> list[bytes]:
@@ -270,12 +299,7 @@ def _digests(arrays: Sequence[np.ndarray]) -> list[bytes]:
                 digest = _hash_rows(array, start, stop)
             results[(i, start)] = digest
 
-    helpers = [_executor().submit(work) for _ in range(_hash_threads() - 1)]
-    try:
-        work()
-    finally:
-        for helper in helpers:
-            helper.result()  # re-raises a helper's error
+    run_shared(work)
     out = []
     for i, (_, header) in enumerate(prepared):
         if not segments[i]:
@@ -286,16 +310,26 @@ def _digests(arrays: Sequence[np.ndarray]) -> list[bytes]:
     return out
 
 
+def content_digests(arrays: Sequence[np.ndarray]) -> list[bytes]:
+    """``[content_digest(a) for a in arrays]``, on several threads when there is enough to hash
+    (an incremental save also hashes the bytes of the data files it links: reuse.py)."""
+    return _digests(arrays)
+
+
 def value_tokens(
-    tensors: Sequence[ShardableTensor], versions: Mapping[ValueKey, ValueVersion] | None = None
+    tensors: Sequence[ShardableTensor],
+    versions: Mapping[ValueKey, ValueVersion] | None = None,
+    *,
+    trust: bool = False,
 ) -> dict[ValueKey, Token]:
     """The token of every value: its exact version if it has one, else its content digest.
 
     ``versions``: taken earlier by :func:`value_versions`, when the values were snapshotted
-    (an async distributed save hashes its copies later); by default taken now.
+    (an async distributed save hashes its copies later); by default taken now, and only if
+    ``trust`` (see :func:`value_versions`).
     """
     if versions is None:
-        versions = value_versions(tensors)
+        versions = value_versions(tensors, trust=trust)
     tokens: dict[ValueKey, Token] = {}
     hashed: list[ShardableTensor] = []
     for st in tensors:

@@ -9,7 +9,10 @@ stored bytes). A save then runs, on the caller's thread (before an async save co
    (or, after a restore, its bytes equal the stored ones) and the previous checkpoint still
    stores it under the same key, dtype and full shape.
 2. A data file of the previous checkpoint is *reused* when every tensor in it belongs to an
-   unchanged value (no stale bytes, no bytes of a changed value); it becomes a linked bundle
+   unchanged value (no stale bytes, no bytes of a changed value) and its bytes are still
+   good (read at each save and checked by the values' digests or the entries' crc32c: a file
+   damaged in place, even with its size and mtime kept, is never linked; its values are
+   written from memory and a warning names it); it becomes a linked bundle
    (:mod:`trackpoint.saving.reuse`) with the same offsets and checksums.
 3. What is left is written, grouped so that later saves can reuse whole files: each value of
    1 MiB or more in files of its own (up to 1,024 of them), the small ones in one group of
@@ -43,12 +46,15 @@ from trackpoint.saving.change_tracking import (
 )
 from trackpoint.saving.options import CheckpointOptions
 from trackpoint.saving.reuse import (
+    Expected,
     LinkedFile,
     Piece,
     PreviousCheckpoint,
+    expected_digests,
     link_bundle,
     piece_tensor,
     value_box,
+    verify_files,
 )
 from trackpoint.saving.shard_validation import policy_description, validate_shards
 from trackpoint.saving.sharding import (
@@ -74,6 +80,9 @@ logger = logging.getLogger(__name__)
 
 _OWN_FILE_BYTES = 1 << 20  # values this large get data files of their own
 _MAX_OWN_FILES = 1024  # ... up to this many per save; the rest join their group's file
+# Verify the bytes of every data file before it is linked (bench/incremental.py turns it off
+# to measure what the verification costs; nothing else should).
+_VERIFY_LINKED = True
 
 
 def _digest(data: bytes) -> bytes:
@@ -322,7 +331,8 @@ def prepare_incremental(
     if getattr(snapshot, "shards", ()):
         return snapshot  # a staged snapshot was planned before it was staged
     storage = storage or options.storage or storage_for(prefix, fsync=options.fsync)
-    return _Planner(history, storage, versions, tokens, detached).plan(snapshot)
+    trust = options.trust_immutable_arrays
+    return _Planner(history, storage, versions, tokens, detached, trust=trust).plan(snapshot)
 
 
 def record_incremental(
@@ -351,8 +361,11 @@ class _Planner:
         versions: Mapping[ValueKey, ValueVersion] | None = None,
         tokens: Mapping[ValueKey, Token] | None = None,
         detached: Collection[ValueKey] = (),
+        *,
+        trust: bool = False,
     ) -> None:
         self.history = history
+        self.trust = trust
         self.storage = storage
         self.versions = versions
         self.given = tokens or {}
@@ -363,7 +376,7 @@ class _Planner:
         every = [st for tensors in snapshot.tensors_by_task.values() for st in tensors]
         given = self.given
         missing = [st for st in every if (st.checkpoint_key, st.slice_spec) not in given]
-        tokens = value_tokens(missing, self.versions)
+        tokens = value_tokens(missing, self.versions, trust=self.trust)
         if given:
             tokens.update(
                 (k, given[k]) for k in ((st.checkpoint_key, st.slice_spec) for st in every)
@@ -379,7 +392,7 @@ class _Planner:
                     pieces = previous.pieces_of(st)
                     if pieces is not None and self._unchanged(st, tokens[key], baseline):
                         unchanged[key] = pieces
-                linked = self._reusable(previous, unchanged)
+                linked = self._reusable(previous, unchanged, every, tokens)
                 if self.detached:
                     snapshot = self._attach(snapshot, unchanged, linked, tokens)
             finally:
@@ -450,9 +463,10 @@ class _Planner:
                     continue
                 stored = self._stored(st, baseline.prefix) if baseline is not None else None
                 token = tokens.get(key)
-                if stored is None or (
-                    isinstance(token, bytes) and content_digest(stored) != token
-                ):
+                if stored is None or (isinstance(token, bytes) and content_digest(stored) != token):
+                    stored = self._live(st, token)
+                if stored is None:
+                    self.history.forget()  # the next save copies and writes every value
                     where = baseline.prefix if baseline is not None else "(none)"
                     raise CheckpointError(
                         f"value {st.checkpoint_key!r} was unchanged at the call of this async "
@@ -462,6 +476,21 @@ class _Planner:
                     )
                 kept.append(st._replace(tensor=stored))
         return SaveSnapshot(out)
+
+    @staticmethod
+    def _live(st: ShardableTensor, token: Token | None) -> np.ndarray | None:
+        """A copy of ``st``'s array if it still holds the value of the call (same digest),
+        else None: the previous checkpoint could not give it (e.g. its file is damaged)."""
+        if not isinstance(token, bytes):
+            return None
+        copy = np.array(st.tensor, copy=True)
+        if content_digest(copy) != token:
+            return None
+        logger.warning(
+            "Incremental save: %r could not be read back from the previous checkpoint; "
+            "written from memory, which still holds the value of the call", st.checkpoint_key,
+        )  # fmt: skip
+        return copy
 
     def _stored(self, st: ShardableTensor, prefix: str) -> np.ndarray | None:
         """``st``'s value as stored in checkpoint ``prefix`` (checksums verified), or None."""
@@ -500,7 +529,11 @@ class _Planner:
         return content_digest(np.asarray(stored)) == live
 
     def _reusable(
-        self, previous: PreviousCheckpoint, unchanged: dict[ValueKey, list[Piece]]
+        self,
+        previous: PreviousCheckpoint,
+        unchanged: dict[ValueKey, list[Piece]],
+        every: Sequence[ShardableTensor],
+        tokens: Mapping[ValueKey, Token],
     ) -> list[LinkedFile]:
         owned = {id(p) for pieces in unchanged.values() for p in pieces}
         sizes = self.history._baseline.file_sizes if self.history._baseline else None
@@ -511,9 +544,39 @@ class _Planner:
                 continue
             size = previous.file_size(shard_id)
             if size is None or (sizes is not None and sizes[shard_id] != size):
+                was = sizes[shard_id] if sizes is not None else None
+                what = "gone" if size is None else f"{size} bytes, written as {was}"
+                logger.warning(
+                    "Incremental save: data file %s of the previous checkpoint is %s; not "
+                    "linking it, its values are written from memory", previous.data_file(shard_id),
+                    what,
+                )  # fmt: skip
                 continue  # gone, or not the file the index was written with
             linked.append(LinkedFile(previous.data_file(shard_id), list(pieces), size))
-        return linked
+        if not linked or not _VERIFY_LINKED:
+            return linked
+        return self._verified(previous, linked, expected_digests(every, unchanged, tokens))
+
+    def _verified(
+        self, previous: PreviousCheckpoint, candidates: list[LinkedFile], expected: Expected
+    ) -> list[LinkedFile]:
+        """The ``candidates`` whose bytes check out; the others are logged and left out, so
+        their values are written (from memory) instead of linked."""
+        reasons = verify_files(
+            candidates, self.storage, previous.full, big_endian=previous.big_endian,
+            expected=expected,
+        )  # fmt: skip
+        good = []
+        for linked_file, reason in zip(candidates, reasons):
+            if reason is None:
+                good.append(linked_file)
+            else:
+                logger.warning(
+                    "Incremental save: data file %s of the previous checkpoint is damaged "
+                    "(%s); not linking it, its values are written from memory",
+                    linked_file.source, reason,
+                )  # fmt: skip
+        return good
 
 
 class _Groups:

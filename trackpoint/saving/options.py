@@ -81,9 +81,17 @@ class CheckpointOptions:
             wrote (or restored): the new checkpoint's data files holding only such values
             are hard links to the previous checkpoint's (a server-side copy on object
             stores). Every checkpoint stays complete on its own; deleting any other never
-            breaks it. Values are compared by a content hash (XXH3-128), JAX arrays by
-            identity (docs/incremental.md). ``DistributedCheckpoint``: each rank reuses the
-            files it wrote. A bare ``MultiDeviceSaver`` needs ``use_history`` first.
+            breaks it. Values are compared by a content hash (XXH3-128), JAX arrays too
+            unless ``trust_immutable_arrays`` (docs/incremental.md). A data file is linked
+            only after its bytes are read and checked (content digest or crc32c); a damaged
+            one is not, its values are written. ``DistributedCheckpoint``: each rank reuses
+            the files it wrote. A bare ``MultiDeviceSaver`` needs ``use_history`` first.
+        trust_immutable_arrays: incremental saves compare ``jax.Array`` s (values offering
+            ``_value_versions()``) by identity instead of hashing their bytes: the same array
+            object is taken for the same value. Set it only if nothing writes those arrays
+            in place: a CPU ``jax.Array`` can be changed through DLPack
+            (``torch.from_dlpack``), and such a change would then not be saved.
+            ``DistributedCheckpoint`` always hashes.
     """
 
     enable_async: bool = False
@@ -97,6 +105,7 @@ class CheckpointOptions:
     storage: Storage | None = None
     name_map: Mapping[str, str] | Callable[[str], str | None] | None = None
     incremental: bool = False
+    trust_immutable_arrays: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable_async, bool):
@@ -106,6 +115,11 @@ class CheckpointOptions:
         if not isinstance(self.incremental, bool):
             raise InvalidArgumentError(
                 f"incremental must be a bool, got {type(self.incremental).__name__}"
+            )
+        if not isinstance(self.trust_immutable_arrays, bool):
+            raise InvalidArgumentError(
+                "trust_immutable_arrays must be a bool, got "
+                f"{type(self.trust_immutable_arrays).__name__}"
             )
         if self.sharding_policy is not None and not callable(self.sharding_policy):
             raise InvalidArgumentError(
