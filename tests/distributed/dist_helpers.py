@@ -17,13 +17,12 @@ them in one process, and every rank compares its part against them.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import jobs
 import numpy as np
 import torch
 
@@ -33,7 +32,6 @@ DT = (6, 3)  # dt: full shape
 H = 3  # lin: D -> H
 
 WORKER = Path(__file__).with_name("dist_worker.py")
-REPO = Path(__file__).resolve().parents[2]
 
 
 def key(path: str, slot: str | None = None) -> str:
@@ -151,45 +149,18 @@ def reference(version: int) -> dict[str, np.ndarray]:
 
 
 def launch(
-    scenario: str, world: int, workdir: Path, *args: str, timeout: float = 60.0,
-    env: dict[str, str] | None = None,
-) -> list[subprocess.CompletedProcess[str]]:
-    """Run ``dist_worker.py scenario`` as ``world`` gloo ranks; kill any still alive at the end.
-
-    Returns the ranks' results (return code, stdout, stderr), indexed by rank.
-    """
+    scenario: str, world: int, workdir: Path, *args: str, env: dict[str, str] | None = None,
+) -> list[jobs.Process]:
+    """Run ``dist_worker.py scenario`` as ``world`` gloo ranks (timeouts: jobs.py, sized for a
+    loaded machine); kill any still alive at the end. The ranks' results, indexed by rank."""
     init = workdir / f"init-{scenario}-{time.monotonic_ns()}"
-    procs = []
-    for rank in range(world):
-        rank_env = {
-            **os.environ, **(env or {}), "RANK": str(rank), "WORLD_SIZE": str(world),
-            "TP_INIT_FILE": str(init), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-        }
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER), scenario, str(workdir), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=rank_env,
-        ))
-    deadline = time.monotonic() + timeout
-    results = []
-    try:
-        for rank, proc in enumerate(procs):
-            try:
-                out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-                err += f"\n[killed: rank {rank} still running after {timeout} s]"
-            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return results
-
-
-def report(results: list[subprocess.CompletedProcess[str]]) -> str:
-    return "\n".join(
-        f"--- rank {r}: rc={res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-        for r, res in enumerate(results)
+    base = jobs.job_env({**(env or {}), "WORLD_SIZE": str(world), "TP_INIT_FILE": str(init)})
+    return jobs.run_job(
+        [[sys.executable, str(WORKER), scenario, str(workdir), *args] for _ in range(world)],
+        workdir,
+        envs=[{**base, "RANK": str(rank)} for rank in range(world)],
     )
+
+
+def report(results: list[jobs.Process]) -> str:
+    return jobs.report(results)

@@ -10,8 +10,10 @@ import logging
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
+import jobs
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -23,12 +25,14 @@ from trackpoint.errors import CheckpointError
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
+TIMEOUT = jobs.collective_timeout()  # sized for a loaded machine (jobs.py)
 
 
 def init() -> None:
     dist.init_process_group(
-        "gloo", init_method=f"file://{os.environ['TP_INIT_FILE']}", rank=RANK, world_size=WORLD
-    )
+        "gloo", init_method=f"file://{os.environ['TP_INIT_FILE']}", rank=RANK, world_size=WORLD,
+        timeout=timedelta(seconds=jobs.collective_timeout()),
+    )  # fmt: skip
 
 
 def same_everywhere(value: str) -> None:
@@ -67,7 +71,7 @@ def save(workdir: Path) -> None:
     """ckpt-1 (sync), ckpt-2 (async, values changed right after), then a save a rank fails."""
     model, optimizer = build(RANK, WORLD, 1, dtensor=True)
     train_step(model, optimizer)
-    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=30)
+    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=TIMEOUT)
     directory = workdir / "ckpts"
     first = ckpt.save(directory / "ckpt")
     same_everywhere(first)
@@ -106,7 +110,7 @@ def save(workdir: Path) -> None:
 def restore(workdir: Path, source: str) -> None:
     """Restore ckpt-2 of ``save`` on this world size, then save it again with this layout."""
     model, optimizer = build(RANK, WORLD, 7, dtensor=True)  # other values, no optimizer state
-    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=30)
+    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=TIMEOUT)
     status = ckpt.restore(source)
     status.assert_existing_objects_matched()
     expected = shifted(reference(1), 1.0)
@@ -126,7 +130,7 @@ def kill(workdir: Path, victim: str) -> None:
     """ckpt-1 is saved; then rank ``victim`` dies in the middle of saving ckpt-2."""
     model, optimizer = build(RANK, WORLD, 1, dtensor=False)
     train_step(model, optimizer)
-    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=20)
+    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=TIMEOUT)
     directory = workdir / "ckpts"
     ckpt.save(directory / "ckpt")
 
@@ -153,7 +157,7 @@ def manager(workdir: Path) -> None:
     directory = workdir / "managed"
     model, optimizer = build(RANK, WORLD, 1, dtensor=False)
     train_step(model, optimizer)
-    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=30)
+    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=TIMEOUT)
     # Messages longer than one exchange's frame (1 KiB) take a second round trip.
     long = {"rank": RANK, "text": "x" * (3000 + 500 * RANK)}
     assert ckpt.collective.all_gather(long) == [
@@ -179,9 +183,10 @@ def manager(workdir: Path) -> None:
     assert durations[(("mode", "sync"), ("phase", "blocking"))]["count"] == 2, durations
     assert durations[(("mode", "async"), ("phase", "background"))]["count"] == 1, durations
 
+    managed.close()  # one open manager per directory and process (issue 27 finding 10)
     model, optimizer = build(RANK, WORLD, 5, dtensor=False)
     again = tp.CheckpointManager(
-        tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=30), directory,
+        tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=TIMEOUT), directory,
         max_to_keep=2,
     )
     assert again.restore_or_initialize() == last
@@ -200,7 +205,7 @@ def manager(workdir: Path) -> None:
             raise AssertionError("a save that rank 1 never joined succeeded")
         marker.touch()
     else:  # alive, answering nothing, until rank 0 has given up
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + TIMEOUT
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
     assert not (workdir / "stalled" / "ckpt.index").exists()
@@ -219,12 +224,12 @@ def s3(workdir: Path, root: str) -> None:
     options = tp.CheckpointOptions(storage=FsspecStorage(fs))
     model, optimizer = build(RANK, WORLD, 1, dtensor=False)
     train_step(model, optimizer)
-    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=30)
+    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=TIMEOUT)
     path = ckpt.save(f"{root}/ckpt", options)
     same_everywhere(path)
 
     model, optimizer = build(RANK, WORLD, 5, dtensor=False)
-    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=30)
+    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=TIMEOUT)
     ckpt.restore(root, options).assert_existing_objects_matched()
     expected = {k: v for k, v in reference(1).items() if "/dt/" not in k}
     check(model, optimizer, expected)

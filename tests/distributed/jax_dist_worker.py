@@ -17,6 +17,16 @@ Scenarios (run by tests/distributed/test_jax_processes.py):
   its shard is written, and the others must fail with a ``CollectiveError``.
 * ``no-torch``: torch cannot be imported (as where it is not installed); global arrays and a
   numpy ``Slice`` are saved and restored through ``DistributedCheckpoint``.
+* ``rebind`` (issue 27 finding 11): attributes of the ``DistributedCheckpoint`` rebound between
+  saves (``ckpt.params = new_params``, docs/jax.md's pattern; sync and async); each process
+  reads back what every save wrote.
+* ``differ`` (finding 12): values every process holds whole (a Python int in a dict, a
+  ``PythonState``, a numpy array, a fully replicated jax array) that
+  differ between the processes make the save fail on every process, naming the key; nothing is
+  committed; a per-process value as each process's slice of a tensor sharded by process is
+  saved and restored per process.
+
+Timeouts come from jobs.py (sized for a loaded machine; the kill scenario's is its subject).
 """
 
 from __future__ import annotations
@@ -36,10 +46,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import jobs  # noqa: E402
 import numpy as np  # noqa: E402
 
 KILL_PROCESS = 2
-TIMEOUT = 6.0  # the collective's timeout in the kill scenario (JAX kills survivors at ~20 s)
 SHAPES = {"rows": (16, 4), "grid": (8, 8), "block": (8, 4), "whole": (4, 5)}
 
 
@@ -257,7 +267,7 @@ def scenario_save(workdir: Path) -> dict[str, Any]:
     except tp.errors.InvalidArgumentError as exc:
         result["alone"] = str(exc)
 
-    ckpt = tpd.DistributedCheckpoint(**tree, timeout=60.0)
+    ckpt = tpd.DistributedCheckpoint(**tree, timeout=jobs.collective_timeout())
     result["collective"] = type(ckpt.collective).__name__
     manager = tp.CheckpointManager(ckpt, str(workdir / "ckpts"), max_to_keep=2)
     result["first"] = manager.save()
@@ -286,7 +296,9 @@ def scenario_kill(workdir: Path) -> dict[str, Any]:
     import trackpoint.distributed as tpd
 
     me = jax.process_index()
-    ckpt = tpd.DistributedCheckpoint(arrays=arrays(1), backend="jax", timeout=TIMEOUT)
+    ckpt = tpd.DistributedCheckpoint(
+        arrays=arrays(1), backend="jax", timeout=jobs.KILL_COLLECTIVE_SECONDS
+    )
     manager = tp.CheckpointManager(ckpt, str(workdir / "ckpts"), max_to_keep=3)
     first = manager.save()
     ckpt.checkpoint.arrays = arrays(2)
@@ -321,7 +333,8 @@ def scenario_no_torch(workdir: Path) -> dict[str, Any]:
     full = np.arange(2 * count * 3, dtype=np.float32).reshape(2 * count, 3)
     mine = full[2 * me : 2 * me + 2].copy()
     ckpt = tpd.DistributedCheckpoint(
-        arrays=arrays(1), table=tpd.Slice(mine, full.shape, (2 * me, 0)), timeout=60.0
+        arrays=arrays(1), table=tpd.Slice(mine, full.shape, (2 * me, 0)),
+        timeout=jobs.collective_timeout(),
     )
     result["collective"] = type(ckpt.collective).__name__
     path = ckpt.save(str(workdir / "ckpts" / "ckpt"))
@@ -351,6 +364,118 @@ def scenario_no_torch(workdir: Path) -> dict[str, Any]:
     return result
 
 
+def _saved(path: str, key: str) -> list[Any]:
+    import trackpoint as tp
+
+    return np.asarray(tp.load_variable(path, key + "/.ATTRIBUTES/VARIABLE_VALUE")).tolist()
+
+
+def scenario_rebind(workdir: Path) -> dict[str, Any]:
+    """Rebinding ``ckpt.params``/``ckpt.step`` between saves; the values each save wrote."""
+    import jax.numpy as jnp
+
+    import trackpoint as tp
+    import trackpoint.distributed as tpd
+
+    specs = save_specs()
+    rows = {"w": global_array(full_value("rows", SHAPES["rows"], 0), specs["rows"])}
+    ckpt = tpd.DistributedCheckpoint(
+        params=rows, step=jnp.asarray(0), timeout=jobs.collective_timeout()
+    )
+    directory = workdir / "ckpts"
+    paths = [ckpt.save(str(directory / "ckpt"))]
+    for version in (1, 2):  # a training step makes new trees: rebind them
+        ckpt.params = {"w": global_array(full_value("rows", SHAPES["rows"], version),
+                                         specs["rows"])}  # fmt: skip
+        ckpt.step = jnp.asarray(version)
+        options = tp.CheckpointOptions(enable_async=version == 2)
+        paths.append(ckpt.save(str(directory / "ckpt"), options))
+    ckpt.params = {"w": global_array(full_value("rows", SHAPES["rows"], 9), specs["rows"])}
+    ckpt.sync()  # rebound after the async call: not in its checkpoint
+    ckpt.close()
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("saved")
+    return {
+        "paths": paths,
+        "steps": [_saved(p, "step") for p in paths],
+        "w_equals_version": [
+            next((v for v in range(10) if _saved(p, "params/w")
+                  == full_value("rows", SHAPES["rows"], v).tolist()), None)
+            for p in paths
+        ],  # fmt: skip
+        "wrapper_reads_the_wrapped": ckpt.checkpoint.params is ckpt.params,
+    }
+
+
+def scenario_differ(workdir: Path) -> dict[str, Any]:
+    """Values every process holds whole, differing between processes: each save must fail."""
+    import json as json_module
+
+    import trackpoint as tp
+    import trackpoint.distributed as tpd
+
+    me, count = jax.process_index(), jax.process_count()
+
+    class Loader(tp.PythonState):
+        def __init__(self, pos: int) -> None:
+            self.pos = pos
+
+        def serialize(self) -> bytes:
+            return json_module.dumps({"pos": self.pos}).encode()
+
+        def deserialize(self, data: bytes) -> None:
+            self.pos = json_module.loads(data)["pos"]
+
+    def per_process(value: np.ndarray) -> jax.Array:  # "replicated", but each its own data
+        return jax.make_array_from_callback(value.shape, sharding(()), lambda idx: value[idx])
+
+    ones = np.ones((4, 5), np.float32)
+    cases = {
+        "python-int": {"loader": {"pos": 100 + me}},
+        "python-state": {"loader": Loader(100 + me)},
+        "numpy": {"w": np.arange(3.0) + me},
+        "jax-replicated": {"w": per_process(ones + me)},
+    }
+    errors: dict[str, Any] = {}
+    for name, objects in cases.items():
+        directory = workdir / name
+        ckpt = tpd.DistributedCheckpoint(
+            **objects, same=np.ones(2), timeout=jobs.collective_timeout()
+        )
+        try:
+            ckpt.save(str(directory / "ckpt"))
+            errors[name] = None
+        except tp.errors.CheckpointError as exc:
+            errors[name] = {"type": type(exc).__name__, "message": str(exc),
+                            "latest": tp.latest_checkpoint(str(directory))}  # fmt: skip
+        ckpt.close()
+    # Equal everywhere: saved. Per-process state as each process's slice: saved per process.
+    pos = np.array([100 + me], np.int64)
+    ckpt = tpd.DistributedCheckpoint(
+        loader={"pos": 7}, w=per_process(ones), pos=tpd.Slice(pos, (count,), (me,)),
+        timeout=jobs.collective_timeout(),
+    )
+    path = ckpt.save(str(workdir / "equal" / "ckpt"))
+    ckpt.close()
+    back = np.zeros(1, np.int64)
+    loader: dict[str, Any] = {"pos": 0}
+    restored = tpd.DistributedCheckpoint(
+        loader=loader, pos=tpd.Slice(back, (count,), (me,)), timeout=jobs.collective_timeout()
+    )
+    restored.read(path).expect_partial()
+    restored.close()
+    # The JAX way: tp.jax.restore reads the whole (processes,) tensor; each takes its row.
+    rows = tp.jax.restore(path, {"pos": np.zeros(count, np.int64)}, partial=True)["pos"]
+    return {
+        "errors": errors,
+        "saved_pos": _saved(path, "pos"),
+        "restored_pos": int(back[0]),
+        "jax_restored_pos": int(rows[me]),
+        "restored_loader": loader["pos"],
+    }
+
+
 def main() -> None:
     scenario, workdir, port, count, index = sys.argv[1:6]
     workdir_path = Path(workdir)
@@ -358,7 +483,9 @@ def main() -> None:
         coordinator_address=f"127.0.0.1:{port}",
         num_processes=int(count),
         process_id=int(index),
-        initialization_timeout=60,
+        initialization_timeout=int(jobs.init_timeout()),
+        # Above the kill scenario's collective timeout: trackpoint's error comes first.
+        heartbeat_timeout_seconds=int(max(100, 5 * jobs.KILL_COLLECTIVE_SECONDS)),
     )
     out = workdir_path / f"result-{scenario}-{index}.json"
     try:
@@ -367,6 +494,8 @@ def main() -> None:
             "scenario_restore": scenario_restore,
             "scenario_kill": scenario_kill,
             "scenario_no-torch": scenario_no_torch,
+            "scenario_rebind": scenario_rebind,
+            "scenario_differ": scenario_differ,
         }[f"scenario_{scenario}"](workdir_path)
         result["ok"] = True
     except Exception as exc:
@@ -386,7 +515,7 @@ def main() -> None:
                 for i in range(1, int(count))
                 if i != KILL_PROCESS
             ]
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + jobs.KILL_COLLECTIVE_SECONDS * 3
             while time.monotonic() < deadline and not all(p.exists() for p in others):
                 time.sleep(0.05)
         sys.stdout.flush()

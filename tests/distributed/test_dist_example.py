@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jobs
 import numpy as np
 import pytest
 
@@ -26,7 +27,13 @@ def torchrun(nproc: int, *args: str) -> str:
         f"--nproc_per_node={nproc}", str(EXAMPLE), "--vocab", "50", "--dim", "8", *args,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=90, env=env)
+    try:
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=jobs.JOB_SECONDS, env=env
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"TIMED OUT UNDER LOAD (not a wrong result): torchrun after "
+                    f"{jobs.JOB_SECONDS:g} s\n{exc.stdout!r}\n{exc.stderr!r}", pytrace=False)
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     return result.stdout
 

@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+import jobs  # noqa: E402
 from dist_helpers import DT, build, key, launch, reference, report  # noqa: E402
 
 import trackpoint as tp  # noqa: E402
@@ -35,7 +36,7 @@ def saved_by_4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The work folder of the 4-rank ``save`` run (its checkpoints are in ``ckpts/``)."""
     workdir = tmp_path_factory.mktemp("saved-by-4")
     results = launch("save", 4, workdir)
-    assert all(r.returncode == 0 for r in results), report(results)
+    jobs.check(results)
     return workdir
 
 
@@ -66,7 +67,7 @@ def test_4_ranks_save_sharded_and_replicated_values_into_one_checkpoint(saved_by
 @pytest.mark.parametrize("world", [2, 3])
 def test_restore_on_other_world_sizes_reads_equal_values(saved_by_4: Path, world: int) -> None:
     results = launch("restore", world, saved_by_4, str(saved_by_4 / "ckpts"))
-    assert all(r.returncode == 0 for r in results), report(results)
+    jobs.check(results)
 
 
 def test_restore_in_one_process_without_torch_distributed(saved_by_4: Path) -> None:
@@ -102,7 +103,7 @@ def test_tensorflow_reads_the_4_rank_checkpoint_as_full_tensors(tf, saved_by_4: 
 
 @pytest.mark.parametrize("victim", [0, 1], ids=["coordinator-dies", "other-rank-dies"])
 def test_rank_killed_mid_save_fails_the_save_everywhere(tmp_path: Path, victim: int) -> None:
-    results = launch("kill", 2, tmp_path, str(victim), timeout=60)
+    results = launch("kill", 2, tmp_path, str(victim))
     survivor = 1 - victim
     assert results[victim].returncode == 3, report(results)
     assert results[survivor].returncode == 0, report(results)
@@ -124,8 +125,8 @@ def test_rank_killed_mid_save_fails_the_save_everywhere(tmp_path: Path, victim: 
 
 
 def test_checkpoint_manager_on_2_ranks_and_a_rank_that_never_joins(tmp_path: Path) -> None:
-    results = launch("manager", 2, tmp_path, timeout=90)
-    assert all(r.returncode == 0 for r in results), report(results)
+    results = launch("manager", 2, tmp_path)
+    jobs.check(results)
     out = results[0].stdout
     assert "stalled save failed after" in out, report(results)
     waited = float(out.split("stalled save failed after ")[1].split(" s")[0])
@@ -137,4 +138,4 @@ def test_checkpoint_manager_on_2_ranks_and_a_rank_that_never_joins(tmp_path: Pat
 def test_save_and_restore_on_s3(tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> None:
     root = f"s3://{s3_bucket}/{uuid.uuid4().hex}"
     results = launch("s3", 2, tmp_path, root, env={"TP_S3_ENDPOINT": s3_endpoint})
-    assert all(r.returncode == 0 for r in results), report(results)
+    jobs.check(results)

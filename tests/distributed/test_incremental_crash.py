@@ -25,8 +25,10 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
+import jobs
 import numpy as np
 import pytest
 
@@ -53,13 +55,16 @@ def child(workdir: Path, rank: int, world: int, init_file: str) -> None:
     import trackpoint as tp
     import trackpoint.distributed as tpd
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+        timeout=timedelta(seconds=jobs.collective_timeout()),
+    )  # fmt: skip
     rows = ROWS // world
     base = {f"w{k}": _base(k) for k in range(2)}
     table = _table()[rank * rows : (rank + 1) * rows].copy()
     adapter = np.zeros(16, np.float32)
     ckpt = tpd.DistributedCheckpoint(
-        timeout=20, base=base, adapter=adapter,
+        timeout=jobs.collective_timeout(), base=base, adapter=adapter,
         table=tpd.Slice(table, (ROWS, COLS), (rank * rows, 0)),
     )  # fmt: skip
     manager = tp.CheckpointManager(ckpt, workdir, max_to_keep=2)
@@ -144,7 +149,8 @@ def test_sigkill_during_distributed_incremental_saves_keeps_every_checkpoint_val
         )  # fmt: skip
     assert zygote.stdin is not None and zygote.stdout is not None
     try:
-        assert _line(zygote, 60) == "zygote\n", errors.read_text()[-3000:]
+        if _line(zygote, jobs.INIT_SECONDS) != "zygote\n":
+            _timed_out("the zygote did not start", errors)
         for trial in range(trials):
             seen.update(_trial(zygote, workdir, trial, rng, errors))
     finally:
@@ -158,6 +164,15 @@ def test_sigkill_during_distributed_incremental_saves_keeps_every_checkpoint_val
         if ".data-" in n and os.stat(workdir / n).st_nlink > 1
     ]  # fmt: skip
     assert linked  # the surviving checkpoints share their frozen files
+
+
+def _timed_out(what: str, errors: Path) -> None:
+    """A job that ran out of time (under load) is not a wrong result: say so (jobs.py)."""
+    pytest.fail(
+        f"TIMED OUT UNDER LOAD (not a wrong result): {what} within {jobs.INIT_SECONDS:g} s "
+        f"(raise TP_TEST_TIMEOUT_SCALE on a busy machine)\n{errors.read_text()[-6000:]}",
+        pytrace=False,
+    )
 
 
 _pending: dict[int, bytes] = {}  # fd -> output read but not yet returned as lines
@@ -198,15 +213,13 @@ def _trial(
         ready = 0
         lines: list[str] = []
         while ready < 2 or len(pids) < 2:  # the ranks' "pid" and "ready" lines, interleaved
-            line = _line(zygote, 30)
+            line = _line(zygote, jobs.INIT_SECONDS)
             lines.append(line)
             if not line:
                 for pid in pids:
                     os.kill(pid, signal.SIGUSR1)
                 time.sleep(1)
-                raise AssertionError(
-                    f"a rank is not ready (trial {trial}, {lines}): {errors.read_text()[-6000:]}"
-                )
+                _timed_out(f"a rank is not ready (trial {trial}, {lines})", errors)
             if line.startswith("pid "):
                 pids.append(int(line.split()[1]))
             ready += line.startswith("ready ")

@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import jobs
 import numpy as np
 import pytest
 
@@ -65,8 +66,9 @@ def torch_job(workdir: Path) -> dict[str, Any]:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(
-        "gloo", init_method=f"file://{os.environ['TP_INIT_FILE']}", rank=rank, world_size=world
-    )
+        "gloo", init_method=f"file://{os.environ['TP_INIT_FILE']}", rank=rank, world_size=world,
+        timeout=timedelta(seconds=jobs.collective_timeout()),
+    )  # fmt: skip
 
     def build(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(seed)  # the same on every rank: replicated values are equal
@@ -93,7 +95,9 @@ def torch_job(workdir: Path) -> dict[str, Any]:
         return out
 
     model, optimizer = build(0)
-    ckpt = tpd.DistributedCheckpoint(model=model, optimizer=optimizer, timeout=30)
+    ckpt = tpd.DistributedCheckpoint(
+        model=model, optimizer=optimizer, timeout=jobs.collective_timeout()
+    )
     directory = workdir / "ckpts"
     first = Path(ckpt.save(directory / "ckpt", tp.CheckpointOptions(**INC)))
     step(model, optimizer)
@@ -109,9 +113,9 @@ def torch_job(workdir: Path) -> dict[str, Any]:
         _delete(first)
     dist.barrier()
     fresh, fresh_optimizer = build(1)  # other values everywhere
-    tpd.DistributedCheckpoint(model=fresh, optimizer=fresh_optimizer, timeout=30).restore(
-        second
-    ).assert_consumed()
+    tpd.DistributedCheckpoint(
+        model=fresh, optimizer=fresh_optimizer, timeout=jobs.collective_timeout()
+    ).restore(second).assert_consumed()
     got = state(fresh, fresh_optimizer)
     result["differ"] = [k for k, v in expected.items() if not torch.equal(got[k], v)]
     dist.destroy_process_group()
@@ -127,14 +131,14 @@ def jax_job(workdir: Path, port: str, count: str, index: str) -> dict[str, Any]:
 
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}", num_processes=int(count),
-        process_id=int(index), initialization_timeout=60,
+        process_id=int(index), initialization_timeout=int(jobs.init_timeout()),
     )  # fmt: skip
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
     rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d", None))
     full = np.random.default_rng(0).random(EMB, dtype=np.float32)
     frozen = jax.make_array_from_callback(EMB, rows, lambda idx: full[idx])
     tree = {"frozen": frozen, "adapter": jnp.zeros((64, 64)), "step": jnp.zeros((), jnp.int32)}
-    ckpt = tpd.DistributedCheckpoint(state=tree, timeout=30)
+    ckpt = tpd.DistributedCheckpoint(state=tree, timeout=jobs.collective_timeout())
     directory = workdir / "ckpts"
     first = Path(ckpt.save(directory / "ckpt", tp.CheckpointOptions(**INC)))
     tree["adapter"] = tree["adapter"] + 1  # a new array: changed; "frozen" is the same array
@@ -147,9 +151,7 @@ def jax_job(workdir: Path, port: str, count: str, index: str) -> dict[str, Any]:
     result: dict[str, Any] = {"second": str(second), **_sharing(first, second)}
     if int(index) == 0:
         _delete(first)
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices("deleted")
+    jobs.jax_barrier("deleted")  # through the coordination service: no gloo, no compilation
     target = {"frozen": jax.ShapeDtypeStruct(EMB, jnp.float32, sharding=rows),
               "adapter": jnp.zeros((64, 64)), "step": jnp.zeros((), jnp.int32)}  # fmt: skip
     restored = tp.jax.restore(second, {"state": target})["state"]
@@ -178,49 +180,25 @@ def _main() -> None:
 # -- the tests -----------------------------------------------------------------------------------
 
 
-def _launch(kind: str, count: int, workdir: Path, timeout: float = 120.0) -> list[dict[str, Any]]:
+def _launch(kind: str, count: int, workdir: Path) -> list[dict[str, Any]]:
+    """Run the job (timeouts and the report of a failure: jobs.py); every process's result."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    env = {
-        **os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "JAX_PLATFORMS": "cpu",
+    env = jobs.job_env({
         "WORLD_SIZE": str(count), "TP_INIT_FILE": str(workdir / f"init-{time.monotonic_ns()}"),
-    }  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, kind, str(workdir), port, str(count), str(i)],
-            env={**env, "RANK": str(i)} if kind == "torch" else env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for i in range(count)
-    ]
-    deadline = time.monotonic() + timeout
-    outputs = []
-    try:
-        for proc in procs:
-            try:
-                outputs.append(proc.communicate(timeout=max(0.1, deadline - time.monotonic()))[0])
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                outputs.append(proc.communicate()[0] + "\n[killed: still running]")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    results, failures = [], []
-    for i, out in enumerate(outputs):
-        path = workdir / f"result-{i}.json"
-        result = json.loads(path.read_text()) if path.exists() else {"ok": False}
-        if not (result["ok"] and procs[i].returncode == 0):
-            failures.append(f"process {i} (exit {procs[i].returncode}): {result}\n{out[-3000:]}")
-        results.append(result)
+    }, devices=1)  # fmt: skip
+    procs = jobs.run_job(
+        [[sys.executable, __file__, kind, str(workdir), port, str(count), str(i)]
+         for i in range(count)],
+        workdir,
+        envs=[{**env, "RANK": str(i)} if kind == "torch" else env for i in range(count)],
+        results=[workdir / f"result-{i}.json" for i in range(count)],
+    )  # fmt: skip
     # Every failed process, not just the first: one that waits on a collective fails because
     # another one failed first, and that other one's output says why.
-    assert not failures, "\n\n".join(failures)
-    return results
+    jobs.check(procs)
+    return [p.result for p in procs]
 
 
 def _check_alone(tf: Any, second: Path) -> None:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jobs
+
 REPO = Path(__file__).resolve().parents[2]
 
 PROGRAM = r"""
@@ -74,7 +76,7 @@ def test_numpy_slices_save_and_restore_across_ranks_without_torch(tmp_path: Path
     prefix = str(tmp_path / "ckpt")
     done = subprocess.run(
         [sys.executable, "-c", PROGRAM, prefix], cwd=REPO, capture_output=True, text=True,
-        timeout=120,
+        timeout=jobs.JOB_SECONDS,
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])

@@ -8,13 +8,19 @@ from typing import Any
 
 import trackpoint.distributed as tpd
 
+try:
+    import jobs
+except ImportError:  # imported as tests.distributed.thread_ranks (test_without_torch.py)
+    from tests.distributed import jobs
+
 
 def run_ranks(
-    world: int, work: Callable[[int, tpd.Collective], Any], *, join_seconds: float = 60
+    world: int, work: Callable[[int, tpd.Collective], Any], *, join_seconds: float | None = None
 ) -> list[Any]:
     """``work(rank, collective)`` on ``world`` threads named ``rank<r>``; each rank's result
-    or exception."""
-    group = tpd.ThreadGroup(world, timeout=20)
+    or exception. Timeouts are sized for a loaded machine (jobs.py)."""
+    group = tpd.ThreadGroup(world, timeout=jobs.COLLECTIVE_SECONDS / 5)
+    join_seconds = jobs.COLLECTIVE_SECONDS if join_seconds is None else join_seconds
     results: list[Any] = [None] * world
 
     def target(rank: int) -> None:

@@ -168,3 +168,20 @@ def test_flax_nnx_state_view_saves_current_values(tmp_path):
         ),
         model.kernel[...],
     )
+
+
+def test_rebinding_on_a_distributed_checkpoint_saves_the_new_trees(tmp_path):
+    # Issue 27 finding 11: docs/jax.md's multi-process pattern, here in one process (the
+    # 2-process job is tests/distributed/test_jax_processes.py).
+    import trackpoint.distributed as tpd
+
+    params = {"w": jnp.zeros(2)}
+    ckpt = tpd.DistributedCheckpoint(params=params, step=jnp.asarray(0))
+    first = ckpt.save(tmp_path / "ckpt")
+    ckpt.params, ckpt.step = {"w": jnp.ones(2)}, jnp.asarray(5)  # a step's new trees
+    second = ckpt.save(tmp_path / "ckpt")
+    assert ckpt.checkpoint.params is ckpt.params
+    assert _value(first, "params/w").tolist() == [0.0, 0.0] and _value(first, "step") == 0
+    assert _value(second, "params/w").tolist() == [1.0, 1.0] and _value(second, "step") == 5
+    restored = tpj.restore(second, {"params": params, "step": jnp.asarray(0)})
+    np.testing.assert_array_equal(restored["params"]["w"], [1.0, 1.0])

@@ -129,9 +129,13 @@ class DistributedCheckpoint(Checkpoint):
 
     It is a ``tp.Checkpoint`` of the wrapped checkpoint's objects (the same object graph, the
     same ``save_counter``) that writes through every rank: ``write``, ``save`` and ``sync``
-    work as ``tp.Checkpoint``'s, collectively. Each rank's write callbacks run on that rank
-    once the checkpoint is committed: the coordinator's first, the other ranks' after it has
-    finished them (guard side effects wanted once, such as an upload, with
+    work as ``tp.Checkpoint``'s, collectively. Its public attributes are the wrapped
+    checkpoint's (``ckpt.params = new_params`` rebinds what the next save writes). A value
+    several ranks hold whole is written once, so it must be equal on all of them: a save whose
+    replicas differ fails on every rank naming them (keep per-process state as each rank's
+    :class:`~trackpoint.distributed.Slice` of a tensor sharded by rank). Each rank's write
+    callbacks run on that rank once the checkpoint is committed: the coordinator's first, the
+    other ranks' after it has finished them (guard side effects wanted once, such as an upload, with
     :attr:`is_coordinator`). With ``options.enable_async`` each rank snapshots its values and
     returns; the ranks' background threads then save together (:meth:`sync` waits). A save's
     figures are recorded in ``trackpoint.metrics`` (the checkpoint's size and shards by the
@@ -208,6 +212,28 @@ class DistributedCheckpoint(Checkpoint):
         object.__setattr__(self, "_collective", collective)
         object.__setattr__(self, "_coordinator", coordinator)
         object.__setattr__(self, "_coalesce_reads", coalesce_reads)
+
+    # -- the wrapped checkpoint's attributes ----------------------------------------------------
+    # ``ckpt.params = new_params`` must change what the next save writes, as on a tp.Checkpoint
+    # (JAX updates make new trees, so every step rebinds): the graph saved is the wrapped
+    # checkpoint's, so its children are read, set and deleted there. Private names and the
+    # class's own (``rank``, ``save``, ...) stay this object's.
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self._checkpoint, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_") or hasattr(type(self), name):
+            super().__setattr__(name, value)
+        else:
+            setattr(self._checkpoint, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name.startswith("_") or name in self.__dict__:
+            super().__delattr__(name)
+        else:
+            delattr(self._checkpoint, name)
 
     # -- properties --------------------------------------------------------------------------
     @property

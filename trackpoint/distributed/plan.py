@@ -12,6 +12,11 @@ what (:func:`assign_writers`):
   balancing);
 * the object graph is written by the coordinator, whose graph the checkpoint records.
 
+A value written once for several ranks must be the same on all of them, or the checkpoint would
+keep one rank's silently: :func:`replicas` names, for each rank, the values it shares with
+others; each rank sends their content digests with its write status, and :func:`check_replicas`
+refuses to commit if they differ (naming the key, the ranks and, for small values, the values).
+
 Errors found here stop the save on every rank before any file is written: ranks disagreeing on
 a value's dtype or shape, a key that is sliced on one rank and whole on another, slices that
 overlap or leave part of the full tensor uncovered, keys missing from the coordinator's graph.
@@ -20,7 +25,7 @@ overlap or leave part of the full tensor uncovered, keys missing from the coordi
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +34,23 @@ import numpy as np
 from trackpoint.bundle.slice_spec import parse_slice_spec
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph.keys import OBJECT_GRAPH_KEY
+from trackpoint.saving.change_tracking import Token, ValueKey, value_tokens
 from trackpoint.saving.sharding import ShardableTensor
 
-__all__ = ["TensorInfo", "assign_writers", "describe"]
+__all__ = [
+    "TensorInfo",
+    "assign_writers",
+    "check_replicas",
+    "describe",
+    "preview",
+    "replica_digests",
+    "replicas",
+]
 
 _MAX_LISTED = 5
+_PREVIEW_BYTES = 64
+"""Replicated values this small are shown in the error when ranks disagree on them."""
+_PREVIEW_CHARS = 80
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,3 +252,107 @@ def assign_writers(
         [i for i, info in enumerate(rank_infos) if writer[(info.key, info.spec)] == rank]
         for rank, rank_infos in enumerate(infos_by_rank)
     ]
+
+
+def replicas(infos_by_rank: Sequence[Sequence[TensorInfo]]) -> list[list[int]]:
+    """For each rank, the indices of its values that other ranks hold too (same key and slice).
+
+    These are written once, so they must be equal everywhere (:func:`check_replicas`). The
+    object graph is left out: each rank describes its own, and the coordinator's is recorded.
+    """
+    count: dict[tuple[str, str], int] = {}
+    for rank_infos in infos_by_rank:
+        for info in rank_infos:
+            ident = (info.key, info.spec)
+            count[ident] = count.get(ident, 0) + 1
+    return [
+        [
+            i for i, info in enumerate(rank_infos)
+            if count[(info.key, info.spec)] > 1 and info.key != OBJECT_GRAPH_KEY
+        ]
+        for rank_infos in infos_by_rank
+    ]
+
+
+def preview(array: np.ndarray) -> str | None:
+    """A short text of a small value, for the error naming replicas that differ; else None."""
+    if array.size > 16 or _payload(array) > _PREVIEW_BYTES:
+        return None
+    items = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x
+             for x in array.reshape(-1).tolist()]
+    text = repr(items[0]) if array.ndim == 0 else repr(items)
+    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 3] + "..."
+
+
+def replica_digests(
+    tensors: Sequence[ShardableTensor],
+    indices: Sequence[int],
+    call_tokens: Mapping[ValueKey, Token] | None = None,
+) -> list[list[Any]]:
+    """``[digest (hex), preview]`` of each of ``tensors[indices]`` (this rank's replicas).
+
+    ``call_tokens``: digests an async save took at the call, reused (the values it did not copy
+    may have changed since); the others are hashed now, from the save's snapshot.
+    """
+    chosen = [tensors[i] for i in indices]
+    known = call_tokens or {}
+    digests: dict[ValueKey, bytes] = {}
+    todo = []
+    for st in chosen:
+        token = known.get((st.checkpoint_key, st.slice_spec))
+        if isinstance(token, bytes):
+            digests[(st.checkpoint_key, st.slice_spec)] = token
+        else:
+            todo.append(st)
+    for ident, token in value_tokens(todo, {}).items():
+        assert isinstance(token, bytes)  # no versions given: every token is a digest
+        digests[ident] = token
+    return [
+        [digests[(st.checkpoint_key, st.slice_spec)].hex(), preview(st.tensor)] for st in chosen
+    ]
+
+
+def check_replicas(
+    infos_by_rank: Sequence[Sequence[TensorInfo]],
+    replicas_by_rank: Sequence[Sequence[int]],
+    digests_by_rank: Sequence[Sequence[Sequence[Any]]],
+) -> None:
+    """Refuse replicated values that differ between ranks.
+
+    Args:
+        infos_by_rank: each rank's values, as given to :func:`assign_writers`.
+        replicas_by_rank: :func:`replicas` of them.
+        digests_by_rank: for each rank, one ``[digest, preview or None]`` per index of its
+            ``replicas_by_rank`` entry (``digest``: hex of the value's content digest).
+
+    Raises:
+        InvalidArgumentError: a value held by several ranks differs; names every such key (up
+            to a few), which ranks hold which version, and small values themselves.
+    """
+    seen: dict[tuple[str, str], dict[str, tuple[list[int], str | None]]] = {}
+    for rank, (indices, digests) in enumerate(zip(replicas_by_rank, digests_by_rank)):
+        for i, (digest, shown) in zip(indices, digests):
+            info = infos_by_rank[rank][i]
+            versions = seen.setdefault((info.key, info.spec), {})
+            versions.setdefault(str(digest), ([], shown))[0].append(rank)
+    differing: list[tuple[str, str]] = []
+    for (key, spec), versions in seen.items():
+        if len(versions) < 2:
+            continue
+        parts = []
+        for ranks, shown in sorted(versions.values(), key=lambda item: item[0]):
+            who = ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+            parts.append(f"{who}: {shown}" if shown is not None else who)
+        what = f"slice {spec!r} of " if spec else ""
+        differing.append((key, f"{what}{key!r} ({'; '.join(parts)})"))
+    if differing:
+        raise InvalidArgumentError(
+            f"values held by several ranks differ between them: "
+            f"{_listing([text for _, text in differing])}. A value "
+            "every rank holds whole is written once, so its ranks must hold the same value; "
+            "nothing was committed. Make them equal before saving (replicated parameters, the "
+            "same step), or keep per-process state (a data loader's position, an RNG state) "
+            "per process: give each rank its own part of a tensor sharded by rank, "
+            "tpd.Slice(np.array([value]), (world_size,), (rank,))",
+            key=differing[0][0],
+        )

@@ -18,8 +18,11 @@ its error, so all ranks fail together and quickly:
    links (``trackpoint.saving.reuse``). In step 1 each rank claims the values it wrote last time
    and the coordinator gives them back to it, so a rank keeps reusing its own files.
 3. *write*: each rank writes its shards (a thread pool, as a single-process save does), links
-   the files it reuses, and reports success or its error to the coordinator.
-4. *commit*: the coordinator merges the shard indexes into ``prefix`` (data files renamed into
+   the files it reuses, and reports success or its error to the coordinator, with the content
+   digests of its *replicas* (values other ranks hold too, as the plan told it).
+4. *commit*: the coordinator refuses a replica that differs between ranks (it is written once:
+   one rank's value would be kept silently; ``plan.check_replicas`` names it), then merges the
+   shard indexes into ``prefix`` (data files renamed into
    place, the index written last: the commit point) and runs its write callbacks (the state
    file); then it tells every rank the result and the checkpoint's file sizes. The other ranks
    run their own write callbacks, every rank records its figures (:func:`_record`) and reports
@@ -43,7 +46,14 @@ import numpy as np
 
 from trackpoint._types import PathLike, fspath
 from trackpoint.distributed.collective import Collective, CollectiveError
-from trackpoint.distributed.plan import TensorInfo, assign_writers, describe
+from trackpoint.distributed.plan import (
+    TensorInfo,
+    assign_writers,
+    check_replicas,
+    describe,
+    replica_digests,
+    replicas,
+)
 from trackpoint.errors import (
     CheckpointError,
     DataLossError,
@@ -346,6 +356,9 @@ class _SaveRun:
         self.history = saver.rank_history if options.incremental else None
         self.plan: IncrementalPlan | None = None  # this rank's incremental plan
         self.incremental: SaveSnapshot | None = None
+        # On the coordinator: every rank's values and which of them several ranks hold.
+        self.infos: list[list[TensorInfo]] = []
+        self.replicas: list[list[int]] = []
 
     def run(self) -> str:
         try:
@@ -413,15 +426,19 @@ class _SaveRun:
             names = [self.commit.shard_prefix(i, total) for i in range(total)]
         names = self.collective.broadcast(names, coordinator)
 
-        # 3. write
+        # 3. write; digests of the values other ranks hold too, for the coordinator to compare
         written = 0
+        digests: list[list[Any]] = []
         try:
+            digests = replica_digests(self.tensors, reply["replicas"], self.call_tokens)
             written = self._write(shards, names, first)
         except Exception as exc:
             self.error = exc
         statuses = self.collective.gather(
-            {"error": error_message(self.error, self.rank), "bytes": written}, coordinator
-        )
+            {"error": error_message(self.error, self.rank), "bytes": written,
+             "replicas": digests},
+            coordinator,
+        )  # fmt: skip
 
         # 4. commit
         result: dict[str, Any] | None = None
@@ -470,13 +487,17 @@ class _SaveRun:
                     infos, coordinator=self.rank, graph_keys=self.saver.graph_keys,
                     preferred=[m.get("claims", []) for m in gathered],
                 )
-                return [{"errors": [], "write": w} for w in writes]
+                self.infos, self.replicas = infos, replicas(infos)
+                return [
+                    {"errors": [], "write": w, "replicas": r}
+                    for w, r in zip(writes, self.replicas)
+                ]
             except CheckpointError as exc:
                 self.error = exc
                 error = error_message(exc, self.rank)
         # The same errors for everyone: all ranks fail alike before writing anything.
         errors = [m["error"] for m in gathered if m["error"]] or [error]
-        return [{"errors": errors, "write": []} for _ in range(world)]
+        return [{"errors": errors, "write": [], "replicas": []} for _ in range(world)]
 
     def _claims(self) -> list[int]:
         """Indices of this rank's values that it wrote in the previous (incremental) save."""
@@ -538,6 +559,7 @@ class _SaveRun:
             return {"errors": errors, "bytes": 0}
         assert self.commit is not None
         try:
+            check_replicas(self.infos, self.replicas, [s["replicas"] for s in statuses])
             self.commit.commit([*self.commit.foreign_prefixes, *names])
         except Exception as exc:
             self.error = exc
