@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from trackpoint.integrations.torch_lazy import install_lazy_snapshots
 from trackpoint.integrations.torch_modules import (
     ExtraState,
     ModuleAdapter,
@@ -98,6 +99,7 @@ def _register() -> None:
     register_adapter(torch.amp.GradScaler, StateDictAdapter)
     register_adapter(torch.Generator, GeneratorVariable)
     install_registration_hooks()
+    install_lazy_snapshots()
 
 
 _register()

@@ -3,6 +3,7 @@ and ``load_checkpoint``/``list_variables``/``object_metadata``."""
 
 from __future__ import annotations
 
+from trackpoint.management.continuous import ContinuousCheckpointingPolicy
 from trackpoint.management.inspection import (
     list_variables,
     load_checkpoint,
@@ -17,6 +18,7 @@ from trackpoint.management.state_file import get_checkpoint_state, latest_checkp
 __all__ = [
     "CheckpointManager",
     "CheckpointReader",
+    "ContinuousCheckpointingPolicy",
     "get_checkpoint_state",
     "latest_checkpoint",
     "list_variables",

@@ -38,6 +38,7 @@ from trackpoint.errors import (
     InvalidArgumentError,
 )
 from trackpoint.graph.keys import SAVE_COUNTER, checkpoint_key
+from trackpoint.management.continuous import ContinuousCheckpointingPolicy, ContinuousSaves
 from trackpoint.management.reader import CheckpointReader
 from trackpoint.management.state_file import (
     checkpoint_exists,
@@ -173,6 +174,7 @@ class CheckpointManager:
         init_fn: Callable[[], Any] | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        save_policy: ContinuousCheckpointingPolicy | None = None,
     ) -> None:
         missing = [name for name in ("write", "restore", "sync")
                    if not callable(getattr(checkpoint, name, None))]
@@ -200,6 +202,8 @@ class CheckpointManager:
         self._last_checkpoint_step: int | None = None
         self._init_fn = init_fn
         self._clock = clock
+        # Continuous checkpointing (maybe_save); TF's checkpoint_interval is save()'s alone.
+        self._continuous = ContinuousSaves(save_policy) if save_policy is not None else None
         self._lock = threading.Lock()
         self._active: OrderedDict[str, float] = OrderedDict()
         self._closed = False
@@ -361,6 +365,24 @@ class CheckpointManager:
             options, write_callbacks=(*options.write_callbacks, self._record_and_sweep)
         )
         return self._checkpoint.write(prefix, options=options)
+
+    def maybe_save(self, step: int, options: CheckpointOptions | None = None) -> str | None:
+        """Save ``<checkpoint_name>-<step>`` if the ``save_policy`` says so (continuous
+        checkpointing, :mod:`trackpoint.management.continuous`): at every multiple of its
+        ``interval_steps``, and between them whenever no async write is running.
+
+        Returns:
+            The new prefix, or None when the policy skipped ``step``.
+
+        Raises:
+            FailedPreconditionError: the manager has no ``save_policy``, or as :meth:`save`.
+        """
+        if self._continuous is None:
+            raise FailedPreconditionError(
+                "maybe_save needs a save policy: create the manager with "
+                "save_policy=tp.management.ContinuousCheckpointingPolicy(...), or call save()"
+            )
+        return self._continuous.maybe_save(self, step, options)
 
     def _check_can_write(self) -> None:
         if self._closed:

@@ -24,7 +24,9 @@ import numpy as np
 from trackpoint._types import PathLike, fspath
 from trackpoint.errors import FailedPreconditionError
 from trackpoint.metrics import registry as metrics
+from trackpoint.saving.devices import LOCAL_TASK
 from trackpoint.saving.incremental import plan_of, prepare_incremental
+from trackpoint.saving.lazy_snapshot import LazyCopy, plan_lazy
 from trackpoint.saving.options import CheckpointOptions
 from trackpoint.saving.progress import ProgressEvent
 from trackpoint.saving.saver import MultiDeviceSaver
@@ -37,7 +39,8 @@ __all__ = ["AsyncWriter"]
 logger = logging.getLogger(__name__)
 
 _Job = tuple[
-    MultiDeviceSaver, SaveSnapshot, str, CheckpointOptions, "Storage | None", metrics.WriteTiming
+    MultiDeviceSaver, "SaveSnapshot | LazyCopy", str, CheckpointOptions, "Storage | None",
+    metrics.WriteTiming,
 ]
 
 
@@ -63,6 +66,8 @@ def _run(shared: _Shared) -> None:
             return
         saver, snapshot, prefix, options, storage, timing = job
         try:
+            if isinstance(snapshot, LazyCopy):  # a lazy snapshot: finish its copies first
+                snapshot = snapshot.complete()
             saver.save_snapshot(snapshot, prefix, options, storage=storage, timing=timing)
         except BaseException as exc:  # kept for sync(); the thread must survive
             logger.error("Asynchronous save to %s failed: %s", prefix, exc)
@@ -137,7 +142,10 @@ class AsyncWriter:
         staging buffer of that size while the writer thread writes them, and this call
         returns once the last value is copied (blocking longer, but holding at most that
         much extra memory); the files are the same. A saver that overrides ``save_snapshot``
-        (distributed) then saves synchronously instead.
+        (distributed) then saves synchronously instead. With ``options.lazy_snapshot`` only the
+        values no registered lazy planner defers are copied here; the writer thread copies the
+        rest before writing (:mod:`trackpoint.saving.lazy_snapshot`); a saver with its own
+        ``save_snapshot`` gets the ordinary full copy.
 
         The figures of the write (``trackpoint.metrics.WriteStats``, mode ``"async"``) are
         recorded when the background part commits: the blocking part lasts from ``timing``
@@ -156,7 +164,7 @@ class AsyncWriter:
         timing = timing or metrics.begin_write()
         options = options or CheckpointOptions()
         prefix_str = fspath(prefix)
-        background = dataclasses.replace(options, enable_async=False)
+        background = dataclasses.replace(options, enable_async=False, lazy_snapshot=False)
         with self._lock:
             if self._closed:
                 raise FailedPreconditionError(
@@ -165,6 +173,21 @@ class AsyncWriter:
             self._shared.idle.wait()
             self._raise_error()
             snapshot = saver.snapshot()
+            plain = type(saver).save_snapshot is MultiDeviceSaver.save_snapshot
+            if options.lazy_snapshot and plain:
+                # Copies what may change before the next optimizer step; the rest on the
+                # writer thread, which also hashes for an incremental save (save_snapshot).
+                self._staging = None
+                lazy = LazyCopy(
+                    snapshot, self._buffers,
+                    plan_lazy(snapshot.tensors_by_task.get(LOCAL_TASK, ())),
+                )  # fmt: skip
+                if options.progress is not None:
+                    staged = lazy.immediate_bytes
+                    options.progress(ProgressEvent(prefix_str, "stage", 0, 0, staged, staged))
+                timing = metrics.end_blocking(timing)
+                self._submit((saver, lazy, prefix_str, background, storage, timing))
+                return prefix_str
             # Incremental: decided now, so unchanged values are neither copied nor staged.
             snapshot = prepare_incremental(saver.history, snapshot, prefix_str, options, storage)
             limit = options.max_staging_bytes
@@ -221,7 +244,7 @@ class AsyncWriter:
         ``timing``; the writer thread takes it from there).
         """
         assert options.max_staging_bytes is not None
-        background = dataclasses.replace(options, enable_async=False)
+        background = dataclasses.replace(options, enable_async=False, lazy_snapshot=False)
         stager = Stager(options.max_staging_bytes, self._staging)
         self._staging = stager.buffer  # kept for the next bounded save
         shards = stager.stage_shards(saver._shard(snapshot, background))

@@ -92,6 +92,13 @@ class CheckpointOptions:
             in place: a CPU ``jax.Array`` can be changed through DLPack
             (``torch.from_dlpack``), and such a change would then not be saved.
             ``DistributedCheckpoint`` always hashes.
+        lazy_snapshot: with ``enable_async``, copy at the call only what may change before
+            the next optimizer step (buffers, RNG states, plain values, anything no tracked
+            optimizer owns) and copy parameters and optimizer state on the writer thread;
+            each tracked optimizer's next ``step()`` first waits for (or takes over) the copy
+            of the tensors it changes. The checkpoint holds exactly the values at the call; a
+            value changed some other way before its copy fails the save (docs/performance.md,
+            "Lazy snapshots"). Cannot be combined with ``max_staging_bytes``.
     """
 
     enable_async: bool = False
@@ -106,6 +113,7 @@ class CheckpointOptions:
     name_map: Mapping[str, str] | Callable[[str], str | None] | None = None
     incremental: bool = False
     trust_immutable_arrays: bool = False
+    lazy_snapshot: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable_async, bool):
@@ -120,6 +128,21 @@ class CheckpointOptions:
             raise InvalidArgumentError(
                 "trust_immutable_arrays must be a bool, got "
                 f"{type(self.trust_immutable_arrays).__name__}"
+            )
+        if not isinstance(self.lazy_snapshot, bool):
+            raise InvalidArgumentError(
+                f"lazy_snapshot must be a bool, got {type(self.lazy_snapshot).__name__}"
+            )
+        if self.lazy_snapshot and not self.enable_async:
+            raise InvalidArgumentError(
+                "lazy_snapshot=True needs enable_async=True: a lazy snapshot finishes its "
+                "copies in the background, and a synchronous save has no background"
+            )
+        if self.lazy_snapshot and self.max_staging_bytes is not None:
+            raise InvalidArgumentError(
+                "lazy_snapshot=True cannot be combined with max_staging_bytes: a lazy snapshot "
+                "holds a full copy of the deferred values until they are written; drop one of "
+                "the two options"
             )
         if self.sharding_policy is not None and not callable(self.sharding_policy):
             raise InvalidArgumentError(
