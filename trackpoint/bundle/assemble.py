@@ -9,7 +9,7 @@ element counts do not settle it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -28,30 +28,39 @@ def assemble(
     full_shape: tuple[int, ...],
     stored: Sequence[TensorSlice],
     target: TensorSlice,
-    out: np.ndarray,
-    read_slice: Callable[[TensorSlice], np.ndarray],
+    out: np.ndarray | Callable[[], np.ndarray],
+    locate_slice: Callable[[TensorSlice], Any],
+    read_slice: Callable[[Any], np.ndarray],
     *,
     index_path: str,
     prefix: str,
-) -> None:
-    """Fill ``out``, the box ``target`` of tensor ``key``, from its stored slices.
+) -> np.ndarray:
+    """Fill ``out``, the box ``target`` of tensor ``key``, from its stored slices; return it.
+
+    Nothing is allocated before the stored slices are known to cover ``target`` and each one
+    that meets it was located (its entry consistent with the full tensor's, its bytes within
+    its data file): ``out`` may be a function that allocates the box, called only then, so a
+    tiny index declaring a huge tensor is refused instead of allocated. Slices are then read
+    one at a time (checksums verified), as before.
 
     Args:
         key: the checkpoint key, for errors.
         full_shape: the tensor's shape.
         stored: its stored slices, in index order.
         target: the box ``out`` holds.
-        out: the array to fill, of ``target``'s shape.
-        read_slice: reads one stored slice (called only for those that meet ``target``).
+        out: the array to fill, of ``target``'s shape, or a function returning it.
+        locate_slice: checks one stored slice's entry and extent without reading its bytes
+            (called only for those that meet ``target``); returns what ``read_slice`` takes.
+        read_slice: reads a located slice.
         index_path: the ``.index`` file, for errors.
         prefix: the checkpoint, for errors.
 
     Raises:
         DataLossError: a stored slice has the wrong rank, or the stored slices do not cover
-            ``target``; and what ``read_slice`` raises.
+            ``target``; and what ``locate_slice`` and ``read_slice`` raise.
     """
     covered = 0
-    parts: list[TensorSlice] = []
+    meeting: list[tuple[TensorSlice, TensorSlice]] = []
     for part in stored:
         if part.rank != len(full_shape):
             raise DataLossError(
@@ -63,18 +72,30 @@ def assemble(
         common = part.intersect(target)
         if common is None:
             continue
-        data = read_slice(part)
-        out[common.relative_to(target, full_shape)] = data[common.relative_to(part, full_shape)]
+        meeting.append((part, common))
         covered += common.num_elements(full_shape)
-        parts.append(common)
     needed = target.num_elements(full_shape)
-    if covered != needed and not _covers(parts, target, full_shape):
-        raise DataLossError(
-            f"The stored slices of key '{key}' in {prefix} do not cover the requested region "
-            f"'{target}' of shape {list(full_shape)}",
-            path=prefix,
-            key=key,
-        )
+    if covered < needed:  # arithmetic on the index alone: nothing read or allocated yet
+        _raise_uncovered(key, prefix, target, full_shape)
+    located = [locate_slice(part) for part, _ in meeting]
+    if covered != needed and not _covers([c for _, c in meeting], target, full_shape):
+        _raise_uncovered(key, prefix, target, full_shape)
+    array = out() if callable(out) else out
+    for (part, common), where in zip(meeting, located):
+        data = read_slice(where)
+        array[common.relative_to(target, full_shape)] = data[common.relative_to(part, full_shape)]
+    return array
+
+
+def _raise_uncovered(
+    key: str, prefix: str, target: TensorSlice, full_shape: tuple[int, ...]
+) -> NoReturn:
+    raise DataLossError(
+        f"The stored slices of key '{key}' in {prefix} do not cover the requested region "
+        f"'{target}' of shape {list(full_shape)}",
+        path=prefix,
+        key=key,
+    )
 
 
 def exact_slice(
@@ -99,7 +120,8 @@ def exact_slice(
 
 
 def _covers(parts: list[TensorSlice], target: TensorSlice, full_shape: tuple[int, ...]) -> bool:
-    """Exact coverage test, needed only when stored slices overlap."""
+    """Exact coverage test, needed only when stored slices overlap (once they were located,
+    so the mask is no larger than their bytes in the data files)."""
     hit = np.zeros(target.shape_in(full_shape), dtype=bool)
     for part in parts:
         hit[part.relative_to(target, full_shape)] = True

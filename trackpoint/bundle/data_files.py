@@ -109,6 +109,24 @@ class DataFiles:
             raise self._truncated(key, shard_id, offset, size, mapped.size)
         return mapped[offset:end]
 
+    def check_extent(self, key: str, layout: Layout) -> None:
+        """Check that the bytes of ``layout`` (readable) lie within its data file, reading
+        none of them: what an entry declares is checked before anything is sized by it.
+
+        Raises:
+            NotFoundError: the data file is missing.
+            DataLossError: the file ends before the tensor does (it is truncated).
+            FailedPreconditionError: the reader was closed.
+        """
+        shard_id, offset, size = layout.shard_id, layout.offset, layout.size
+        mapped = self._mapped.get(shard_id)
+        if mapped is None:
+            file_size = (self._readers.get(shard_id) or self._open(shard_id, key)).size
+        else:
+            file_size = mapped.size
+        if offset + size > file_size:
+            raise self._truncated(key, shard_id, offset, size, file_size)
+
     def copy_into(self, layout: Layout, out: np.ndarray) -> bool:
         """Copy the bytes of ``layout`` (readable, numeric, of a little-endian file) into
         ``out`` (its shape and dtype) if their checksum matches; True if done.

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
 
+from trackpoint.bundle.dtypes import element_size
 from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto
 from trackpoint.bundle.slice_spec import TensorSlice
 from trackpoint.bundle.table import encode_varint
@@ -203,7 +204,9 @@ def entry_shape(entry: BundleEntryProto, *, key: str, path: str) -> tuple[int, .
     count = 1
     for dim in dims:
         count *= max(dim, 0)
-    if shape.unknown_rank or any(d < 0 for d in dims) or count >= 1 << 62:
+    # Elements below 2**62 and, for fixed-size dtypes, bytes below 2**63 (int64 sizes).
+    nbytes = count * (element_size(entry.dtype) or 1)
+    if shape.unknown_rank or any(d < 0 for d in dims) or count >= 1 << 62 or nbytes >= 1 << 63:
         raise DataLossError(
             f"Invalid tensor shape {list(dims)} for key '{key}' in {path}"
             + (" (unknown rank)" if shape.unknown_rank else ""),

@@ -32,6 +32,9 @@ __all__ = ["Layout", "LayoutDecoder", "check_entry"]
 # Shapes whose element count reaches this are rejected, as TensorFlow does ("Invalid tensor
 # shape"): sizes in bytes must stay within int64.
 _MAX_ELEMENTS = 1 << 62
+# A numeric tensor's byte size must fit an int64 too (a stored size never reaches it); the
+# index decodes sizes of many entries at once in int64 arrays (layout_batch.py).
+_MAX_BYTES = 1 << 63
 
 
 class Layout(NamedTuple):
@@ -168,6 +171,8 @@ class LayoutDecoder:
             return _Kind(datatype, dtype, dims, count, -1, False)
         if itemsize is None:
             return _Kind(datatype, dtype, dims, count, -1, datatype == DataType.DT_STRING)
+        if count * itemsize >= _MAX_BYTES:  # an invalid shape, as for too many elements
+            return _Kind(datatype, dtype, None, 0, -1, False)
         return _Kind(datatype, dtype, dims, count, count * itemsize, False)
 
 

@@ -11,6 +11,7 @@ checkpoint key.
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from concurrent.futures import Future, wait
 from operator import attrgetter
@@ -29,7 +30,7 @@ from trackpoint.errors import InvalidArgumentError
 from trackpoint.metrics import registry as metrics
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from typing_extensions import Self
 
@@ -337,9 +338,10 @@ class BundleReader:
         if stored is not None:  # the box is this stored slice: a view of its bytes
             part = self._index.part_layout(key, layout, stored, full_shape)
             return _read_only(self._read_layout(key, part))
-        out = np.empty(tensor_slice.shape_in(full_shape), dtype=self.dtype(key))
-        self._assemble(key, layout, tensor_slice, out)
-        return out
+        dtype = self.dtype(key)
+        return self._assemble(
+            key, layout, tensor_slice, lambda: np.empty(tensor_slice.shape_in(full_shape), dtype)
+        )
 
     def verify(self, key: str | None = None) -> None:
         """Check the checksums of ``key`` (or of every tensor); raise DataLossError on damage."""
@@ -409,27 +411,38 @@ class BundleReader:
         return self._index.slice_entry(key, stored)
 
     def _assemble_whole(self, key: str, layout: Layout) -> np.ndarray:
-        """The partitioned tensor ``key`` as a new array."""
+        """The partitioned tensor ``key`` as a new array (allocated once its stored slices
+        are found to cover it within the data files: the entry's shape alone allocates
+        nothing)."""
         shape = self.shape(key)
-        out = np.empty(shape, dtype=self.dtype(key))
-        self._assemble(key, layout, TensorSlice.full(len(shape)), out)
-        return out
+        dtype = self.dtype(key)
+        return self._assemble(key, layout, TensorSlice.full(len(shape)),
+                              lambda: np.empty(shape, dtype))  # fmt: skip
 
-    def _assemble(self, key: str, layout: Layout, target: TensorSlice, out: np.ndarray) -> None:
-        """Fill ``out`` (the box ``target``) from the stored slices that intersect it (§8.4)."""
+    def _assemble(
+        self, key: str, layout: Layout, target: TensorSlice,
+        out: np.ndarray | Callable[[], np.ndarray],
+    ) -> np.ndarray:  # fmt: skip
+        """Fill ``out`` (the box ``target``, or a function allocating it once the stored
+        slices are located and cover it) from the stored slices that intersect it (§8.4)."""
         index = self._index
         full_shape = index.shape(key)
 
-        def read_slice(stored: TensorSlice) -> np.ndarray:
-            return self._read_layout(key, index.part_layout(key, layout, stored, full_shape))
+        def locate_slice(stored: TensorSlice) -> Layout:
+            part = index.part_layout(key, layout, stored, full_shape)
+            if not part.readable:
+                index.raise_unreadable(key, part)
+            self._files.check_extent(key, part)
+            return part
 
-        assemble(
+        return assemble(
             key,
             full_shape,
             layout.slices,
             target,
             out,
-            read_slice,
+            locate_slice,
+            functools.partial(self._read_layout, key),
             index_path=index.path,
             prefix=self._prefix,
         )

@@ -172,6 +172,15 @@ def decode_strings(
             key=key,
             path=path,
         )
+    # Each length within the entry first: a sum of hostile uint64 lengths can wrap around to
+    # the entry's size, and int64 offsets of such lengths would slice the wrong bytes.
+    if count and int(lengths.max()) > len(data):
+        raise DataLossError(
+            f"Corrupt string tensor {where}: a string length of {int(lengths.max())} bytes "
+            f"exceeds the entry's {len(data)} bytes",
+            key=key,
+            path=path,
+        )
     total = int(lengths.sum(dtype=np.uint64)) if count else 0
     if used + 4 + total != len(data):
         raise DataLossError(

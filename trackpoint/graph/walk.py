@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.errors import DataLossError, InvalidArgumentError
 from trackpoint.graph.keys import OBJECT_GRAPH_KEY, escape_local_name, slot_variable_key
+from trackpoint.graph.node_refs import check_node_references
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import Trackable, TrackableReference
 from trackpoint.tracking.slots import SlotOwner
@@ -356,10 +357,13 @@ def node_names(proto: TrackableObjectGraph) -> dict[int, str]:
 
 
 def parse_object_graph(data: bytes, *, prefix: str = "") -> TrackableObjectGraph:
-    """The ``TrackableObjectGraph`` serialized in ``data`` (the value of ``OBJECT_GRAPH_KEY``).
+    """The ``TrackableObjectGraph`` serialized in ``data`` (the value of ``OBJECT_GRAPH_KEY``),
+    its node references checked (:func:`check_node_references`): every reader of a saved
+    graph gets it from here, so none indexes ``nodes`` with an id the file made up.
 
     Raises:
-        DataLossError: the bytes do not parse (names ``prefix``, the checkpoint they came from).
+        DataLossError: the bytes do not parse, or a reference names a node the graph lacks
+            (names ``prefix``, the checkpoint they came from).
     """
     graph = TrackableObjectGraph()
     try:
@@ -370,4 +374,5 @@ def parse_object_graph(data: bytes, *, prefix: str = "") -> TrackableObjectGraph
             path=prefix,
             key=OBJECT_GRAPH_KEY,
         ) from exc
+    check_node_references(data, graph, prefix=prefix)
     return graph

@@ -26,10 +26,14 @@ from typing import Any
 import numpy as np
 
 from trackpoint.bundle.dtypes import datatype_for, is_string_dtype
-from trackpoint.errors import InvalidArgumentError
+from trackpoint.errors import CheckpointError, DataLossError, InvalidArgumentError
 from trackpoint.tracking.python_state import PythonState
 
-__all__ = ["JsonState", "array_from_json", "array_to_json", "dumps", "loads"]
+__all__ = ["MAX_DEPTH", "JsonState", "array_from_json", "array_to_json", "dumps", "loads"]
+
+MAX_DEPTH = 100
+"""Lists, dicts and tuples nested deeper than this are refused: on save (InvalidArgumentError)
+and on read (DataLossError), so decoding and restoring in place never run out of stack."""
 
 _TUPLE = "__tuple__"
 _FLOAT = "__float__"
@@ -68,7 +72,7 @@ def array_from_json(spec: Mapping[str, Any], *, what: str) -> np.ndarray:
     """The writable numpy array that :func:`array_to_json` encoded.
 
     Raises:
-        InvalidArgumentError: the encoding is malformed.
+        DataLossError: the encoding is malformed (it comes from a file).
     """
     try:
         dtype_name = spec["dtype"]
@@ -76,8 +80,8 @@ def array_from_json(spec: Mapping[str, Any], *, what: str) -> np.ndarray:
         data = base64.b64decode(spec["data"], validate=True)
         dtype = _dtype_from_name(dtype_name)
         array = np.frombuffer(data, dtype=dtype).reshape(shape)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"{what}: malformed array in JSON state ({exc})") from exc
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise DataLossError(f"{what}: malformed array in JSON state ({exc})") from exc
     return array.copy()
 
 
@@ -109,9 +113,15 @@ def _is_tag_like(mapping: Mapping[Any, Any]) -> bool:
     )
 
 
-def _encode(value: Any, where: str, default: Default | None) -> Any:
+def _encode(value: Any, where: str, default: Default | None, depth: int = 0) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
+    if depth > MAX_DEPTH:
+        raise InvalidArgumentError(
+            f"{where} is nested more than {MAX_DEPTH} levels deep, which JSON state does not "
+            "store (a reader refuses deeper state as damaged); flatten it, or keep it in a "
+            "tp.PythonState of your own"
+        )
     if isinstance(value, (int, np.integer)):  # np.bool_ is neither (bool was handled above)
         return int(value)
     if isinstance(value, np.bool_):
@@ -125,18 +135,21 @@ def _encode(value: Any, where: str, default: Default | None) -> Any:
         return {_BYTES: base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, np.ndarray):
         return {_NDARRAY: array_to_json(value, what=where)}
+    deeper = depth + 1
     if isinstance(value, list):
-        return [_encode(v, f"{where}[{i}]", default) for i, v in enumerate(value)]
+        return [_encode(v, f"{where}[{i}]", default, deeper) for i, v in enumerate(value)]
     if isinstance(value, tuple):
-        return {_TUPLE: [_encode(v, f"{where}[{i}]", default) for i, v in enumerate(value)]}
+        return {_TUPLE: [_encode(v, f"{where}[{i}]", default, deeper)
+                         for i, v in enumerate(value)]}  # fmt: skip
     if isinstance(value, Mapping):
         if all(isinstance(k, str) for k in value) and not _is_tag_like(value):
-            return {k: _encode(v, f"{where}[{k!r}]", default) for k, v in value.items()}
+            return {k: _encode(v, f"{where}[{k!r}]", default, deeper) for k, v in value.items()}
         return {
             _DICT: [
-                [_encode(k, f"{where} key {k!r}", default), _encode(v, f"{where}[{k!r}]", default)]
+                [_encode(k, f"{where} key {k!r}", default, deeper),
+                 _encode(v, f"{where}[{k!r}]", default, deeper)]
                 for k, v in value.items()
-            ]
+            ]  # fmt: skip
         }
     if default is not None:
         tagged = default(value)
@@ -149,31 +162,38 @@ def _encode(value: Any, where: str, default: Default | None) -> Any:
     )
 
 
-def _decode(value: Any, where: str, hooks: Mapping[str, Callable[[Any], Any]]) -> Any:
-    if isinstance(value, list):
-        return [_decode(v, f"{where}[{i}]", hooks) for i, v in enumerate(value)]
-    if not isinstance(value, dict):
+def _decode(
+    value: Any, where: str, hooks: Mapping[str, Callable[[Any], Any]], depth: int = 0
+) -> Any:
+    if not isinstance(value, (list, dict)):
         return value
+    if depth > MAX_DEPTH:
+        raise DataLossError(f"{where}: the saved state is nested more than {MAX_DEPTH} levels deep")
+    depth += 1
+    if isinstance(value, list):
+        return [_decode(v, f"{where}[{i}]", hooks, depth) for i, v in enumerate(value)]
     if len(value) == 1:
         (tag, body), = value.items()
         if tag == _TUPLE:
-            return tuple(_decode(v, f"{where}[{i}]", hooks) for i, v in enumerate(body))
+            return tuple(_decode(v, f"{where}[{i}]", hooks, depth) for i, v in enumerate(body))
         if tag == _FLOAT:
             if body not in _NON_FINITE:
-                raise InvalidArgumentError(f"{where}: unknown float {body!r} in JSON state")
+                raise DataLossError(f"{where}: unknown float {body!r} in JSON state")
             return _NON_FINITE[body]
         if tag == _BYTES:
-            return base64.b64decode(body)
+            return base64.b64decode(body, validate=True)  # strict: damage is not skipped
         if tag == _NDARRAY:
             return array_from_json(body, what=where)
         if tag == _DICT:
             return {
-                _hashable(_decode(k, where, hooks)): _decode(v, f"{where}[{k!r}]", hooks)
+                _hashable(_decode(k, where, hooks, depth)): _decode(
+                    v, f"{where}[{k!r}]", hooks, depth
+                )
                 for k, v in body
             }
         if tag in hooks:
             return hooks[tag](body)
-    return {k: _decode(v, f"{where}[{k!r}]", hooks) for k, v in value.items()}
+    return {k: _decode(v, f"{where}[{k!r}]", hooks, depth) for k, v in value.items()}
 
 
 def _hashable(key: Any) -> Any:
@@ -202,16 +222,34 @@ def loads(
     """The value :func:`dumps` encoded; ``hooks`` decode an integration's tags.
 
     Raises:
-        InvalidArgumentError: ``data`` is not JSON state (names ``what``).
+        DataLossError: ``data`` is not JSON state (names ``what``): not JSON, nested more than
+            ``MAX_DEPTH`` levels, an integer of more digits than Python converts, a malformed
+            tag. Nothing is decoded halfway: the caller has changed nothing yet.
     """
     try:
         parsed = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidArgumentError(
-            f"{what}: the saved state is not valid JSON ({exc}); was it written by another "
-            "program under the same checkpoint key?"
-        ) from exc
-    return _decode(parsed, what, hooks or {})
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError: JSONDecodeError, or an integer past sys.get_int_max_str_digits();
+        # RecursionError: nesting deeper than the interpreter's stack (before MAX_DEPTH).
+        raise DataLossError(
+            f"{what}: the saved state is not valid JSON state ({_short(exc)}); the checkpoint "
+            "is damaged, or another program wrote this key"
+        ) from None
+    try:
+        return _decode(parsed, what, hooks or {})
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError,
+            RecursionError) as exc:  # a tag whose body has the wrong form (hooks included)
+        raise DataLossError(
+            f"{what}: the saved state is malformed JSON state ({type(exc).__name__}: "
+            f"{_short(exc)}); the checkpoint is damaged, or another program wrote this key"
+        ) from None  # fmt: skip
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 class JsonState(PythonState, dict[str, Any]):
