@@ -77,27 +77,75 @@ def _dtype_name(reader: BundleReader, key: str) -> str:
     return str(reader.dtype(key))
 
 
-def data_file_sizes(prefix: str, num_shards: int) -> list[tuple[str, int]]:
-    """(file name, bytes) of each data file of the checkpoint at ``prefix``; -1 if missing."""
+# Missing data files named one by one; beyond this many, a count (a damaged header may
+# declare 2**31 shards: nothing here is done once per declared shard).
+_NAMED_MISSING = 20
+
+
+def _present_shards(prefix: str, num_shards: int) -> list[int]:
+    """Shard ids whose data file is in the directory: one listing, not one look-up per
+    declared shard."""
     storage = storage_for(prefix)
+    base = storage.basename(prefix)
+    head, tail = f"{base}.data-", f"-of-{num_shards:05d}"
+    found = []
+    for name in storage.list(storage.dirname(prefix) or "."):
+        if not (name.startswith(head) and name.endswith(tail)):
+            continue
+        digits = name[len(head):len(name) - len(tail)]
+        if digits.isdigit() and int(digits) < num_shards and (
+            storage.basename(data_filename(prefix, int(digits), num_shards)) == name
+        ):
+            found.append(int(digits))
+    return sorted(found)
+
+
+def _first_missing(present: list[int], num_shards: int) -> tuple[list[int], int]:
+    """The first missing shard ids (at most ``_NAMED_MISSING``) and how many are missing."""
+    count = num_shards - len(present)
+    have = set(present)
+    first: list[int] = []
+    shard = 0
+    while len(first) < min(count, _NAMED_MISSING):
+        if shard not in have:
+            first.append(shard)
+        shard += 1
+    return first, count
+
+
+def data_file_sizes(prefix: str, num_shards: int) -> list[tuple[str, int]]:
+    """(file name, bytes) of each data file of the checkpoint at ``prefix``; -1 if missing
+    (the first ``_NAMED_MISSING`` missing ones; :func:`missing_data_files` counts them all)."""
+    storage = storage_for(prefix)
+    present = _present_shards(prefix, num_shards)
+    missing, _ = _first_missing(present, num_shards)
     out = []
-    for shard in range(num_shards):
+    for shard in sorted(present + missing):
         path = data_filename(prefix, shard, num_shards)
-        out.append((storage.basename(path), storage.size(path) if storage.exists(path) else -1))
+        out.append((storage.basename(path), -1 if shard in missing else storage.size(path)))
     return out
+
+
+def missing_data_files(prefix: str, num_shards: int) -> int:
+    """How many of the checkpoint's declared data files are not in its directory."""
+    return num_shards - len(_present_shards(prefix, num_shards))
 
 
 def damaged_data_files(prefix: str, num_shards: int) -> list[tuple[str, str]]:
     """(data file, what is wrong) for each data file of ``prefix`` that is missing or is not a
     regular file (a FIFO, a directory...): damage that needs no byte read to see."""
     storage = storage_for(prefix)
+    present = _present_shards(prefix, num_shards)
+    missing, count = _first_missing(present, num_shards)
     damaged = []
-    for shard in range(num_shards):
+    for shard in sorted(present + missing):
         path = data_filename(prefix, shard, num_shards)
-        kind = storage.describe(path)
+        kind = "a missing path" if shard in missing else storage.describe(path)
         if kind not in ("a regular file", "an existing path"):
             damaged.append((storage.basename(path), "missing" if kind == "a missing path"
                             else f"{kind}, not a regular file"))  # fmt: skip
+    if count > len(missing):
+        damaged.append((f"{count - len(missing):,} more data files", "missing"))
     return damaged
 
 
@@ -172,6 +220,7 @@ def _files(prefix: str, num_shards: int) -> dict[str, Any]:
         "num_shards": num_shards,
         "total_bytes": index_bytes + sum(max(size, 0) for _, size in files),
         "missing": [name for name, size in files if size < 0],
+        "missing_count": missing_data_files(prefix, num_shards),
         "damaged": [{"file": name, "problem": problem} for name, problem in damaged],
         "shared_bytes": shared,
     }
@@ -193,7 +242,7 @@ def _print_files(out: Output, info: dict[str, Any]) -> None:
         [Column("file", fold=True), Column("bytes", "right"), Column("share", "right")],
         rows, title="files",
     )  # fmt: skip
-    missing = len(info["missing"])
+    missing = info["missing_count"]
     note = f", [bold red]{missing} missing[/]" if missing else ""
     out.line(f"checkpoint size {human_bytes(total)} ({total:,} bytes), "
              f"{info['num_shards']} shard(s){note}")
