@@ -13,7 +13,7 @@ import numpy as np
 
 from bench import measure, report
 from bench.systems import System, from_stored_state, to_stored_specs, to_stored_state
-from bench.workloads import BF16, TensorSpec, Workload, compare_tensors
+from bench.workloads import BF16, TensorSpec, Workload, compare_tensors, many_workload
 
 __all__ = [
     "CaseRunner",
@@ -81,7 +81,7 @@ class CaseRunner:
 
     def __init__(self, system: System, source: Source) -> None:
         self.system, self.source = system, source
-        self.cache = source.workload.nbytes <= CACHE_LIMIT
+        self.cache = system.reuse_objects and source.workload.nbytes <= CACHE_LIMIT
         self._native: Any = None
         self._template: Any = None
         self.spent: dict[str, float] = {}  # seconds used per location
@@ -193,8 +193,13 @@ PROBE = Workload("probe", "probe", (
 ))
 
 
+PROBES = {"tensors": PROBE, "many": many_workload(2)}
+"""The probe of each Workload.kind: a system measures workloads of its ``kinds`` only."""
+
+
 def probe(system: System, parent: str) -> None:
     """A tiny verified round trip: loads lazy imports and proves the system works here."""
-    _, _, problem = CaseRunner(system, Source(PROBE, 1)).run_once("probe", parent, cold=False)
+    workload = PROBES[system.kinds[0]]
+    _, _, problem = CaseRunner(system, Source(workload, 1)).run_once("probe", parent, cold=False)
     if problem:
         raise AssertionError(f"probe round trip differs: {problem}")

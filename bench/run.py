@@ -42,8 +42,16 @@ from bench.cases import (  # noqa: E402
     probe,
     release_frozen,
 )
-from bench.systems import SYSTEMS, System, make_systems  # noqa: E402
-from bench.workloads import WORKLOADS, Workload, get_workload  # noqa: E402
+from bench.many_report import many_tables, many_targets  # noqa: E402
+from bench.systems import System, all_system_classes, make_systems  # noqa: E402
+from bench.workloads import (  # noqa: E402
+    MANY_LAYERS,
+    MANY_LAYERS_QUICK,
+    WORKLOADS,
+    Workload,
+    get_workloads,
+    many_layer_count,
+)
 
 __all__ = ["main"]
 
@@ -61,11 +69,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--big", action="store_true", help="add the 4 GiB workload")
     p.add_argument("--where", default="shm,disk", help="comma list of shm,disk")
     p.add_argument("--systems", help="comma list of "
-                   f"{','.join(cls.key for cls in SYSTEMS)} (default: all)")
+                   f"{','.join(cls.key for cls in all_system_classes())} (default: all)")
     p.add_argument("--reps", type=int, help="repetitions per case (default 3; 1 with --quick)")
     p.add_argument("--case-budget", type=float, default=20.0,
                    help="seconds after which a case stops repeating (default 20)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition")
+    p.add_argument("--many-layers", type=_layer_counts,
+                   help="comma list of sizes of the many workload, in Linear(32,32) layers of "
+                   f"8 values (default {','.join(map(str, MANY_LAYERS))}; "
+                   f"{','.join(map(str, MANY_LAYERS_QUICK))} with --quick)")
     p.add_argument("--dry", action="store_true",
                    help="smoke check: one repetition, no RSS children, no pre-faulting, "
                    "writes nothing")
@@ -102,6 +114,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.dry:
         args.rss = "none"
     return args
+
+
+def _layer_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of positive integers")
+    return counts
 
 
 # -- one case ---------------------------------------------------------------------------------
@@ -145,7 +167,20 @@ def _footnotes(run: report.RunResult, systems: list[System], reasons: dict[str, 
         "Async: the 1.5× memcpy target uses the copy into new buffers (ndarray.copy(), which "
         "pays page faults as any fresh snapshot does); the copy into preallocated buffers is "
         "shown for reference.",
-    ]
+    ] if any(w.kind == "tensors" for w in workloads) else []
+    if any(w.kind == "many" for w in workloads):
+        notes.append(
+            "many: Linear(32, 32) layers with AdamW state (exp_avg, exp_avg_sq and a float32 "
+            "step per parameter: 8 values per layer), the same arrays as a numpy nested dict, "
+            "a torch ModuleList + AdamW and a JAX pytree. Every save and restore uses a fresh "
+            "tp.Checkpoint; every system rebuilds its objects (untimed) before each repetition, "
+            "so nothing an earlier call built is reused. Restores fill a zeroed model, "
+            "optimizer (state initialised) or dict in place; the JAX row returns a new tree "
+            "from tp.jax.restore. The torch peers save {'model': state_dict, 'optim': "
+            "state_dict}: torch.save, then torch.load(weights_only=True) + both "
+            "load_state_dict calls; DCP save/load in one process without a process group, "
+            "loading in place into the target's state dicts."
+        )
     if any(w.has_bf16 for w in workloads):
         ran = [s for s in systems if s.key not in reasons]
         native = [s.label for s in ran if s.stores_bf16 and s.has_metadata]
@@ -213,10 +248,12 @@ def main(argv: list[str] | None = None) -> int:
         w for w in WORKLOADS if w != "4gib" or args.big]
     if "4gib" in keys and not args.big:
         raise SystemExit("the 4gib workload needs --big")
-    unknown = sorted(set(keys) - set(WORKLOADS))
+    unknown = sorted(k for k in set(keys) - set(WORKLOADS) if many_layer_count(k) is None)
     if unknown:
-        raise SystemExit(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)}")
-    workloads = [get_workload(k, quick=args.quick) for k in keys]
+        raise SystemExit(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)} "
+                         "(or many-<layers>)")
+    workloads = [w for k in keys
+                 for w in get_workloads(k, quick=args.quick, many_layers=args.many_layers)]
     prefaulted = _prefault_bytes(args, workloads)
     if len(workloads) > 1 and not (args.dry or args.in_process or args.workload_child):
         run, failed = _run_isolated(args, workloads, prefaulted, progress)
@@ -295,7 +332,9 @@ def _run_isolated(args: argparse.Namespace, workloads: list[Workload], prefaulte
 def _run_here(args: argparse.Namespace, workloads: list[Workload], prefaulted: int,
               progress: Any) -> tuple[report.RunResult, bool]:
     """Every workload in this process, systems interleaved; True on a failure."""
-    systems = make_systems(args.systems.split(",") if args.systems else None)
+    kinds = {w.kind for w in workloads}
+    systems = [s for s in make_systems(args.systems.split(",") if args.systems else None)
+               if kinds & set(s.kinds)]
     locations = _locations(args)
     if not locations:
         raise SystemExit("no location to write to")
@@ -323,7 +362,8 @@ def _run_here(args: argparse.Namespace, workloads: list[Workload], prefaulted: i
         run = report.RunResult(
             quick=args.quick, reps=args.reps, cold=args.cold,
             workloads={w.key: {"title": w.title, "nbytes": w.nbytes, "tensors": len(w.specs),
-                               "has_bf16": w.has_bf16, "pid": os.getpid()} for w in workloads},
+                               "has_bf16": w.has_bf16, "kind": w.kind, "pid": os.getpid()}
+                       for w in workloads},
             locations=locations,
             machine=measure.machine_info(REPO, {"shm": "/dev/shm", "disk": args.disk_dir}),
         )
@@ -344,8 +384,8 @@ def _run_here(args: argparse.Namespace, workloads: list[Workload], prefaulted: i
 
 def _output(args: argparse.Namespace, run: report.RunResult, out: Any, progress: Any) -> None:
     """Print the tables and targets; write --json and --write-doc unless --dry."""
-    tables = report.build_tables(run)
-    targets = report.evaluate_targets(run)
+    tables = report.build_tables(run) + many_tables(run)
+    targets = report.evaluate_targets(run) + many_targets(run)
     if run.quick or args.dry:
         out.print("[bold yellow]quick/dry run: tiny sizes or one pass; "
                   "the numbers below mean nothing[/]")
@@ -389,6 +429,8 @@ def _measure_throughput(args: argparse.Namespace, workload: Workload, systems: l
                         progress: Any) -> bool:
     """Interleaved repetitions of every ready system at every location; True on a failure."""
     failed = False
+    systems = [s for s in systems if workload.kind in s.kinds]
+    ready = [s for s in ready if workload.kind in s.kinds]
     source = Source(workload, args.seed)
     run.cases[workload.key] = {}
     # Runners outlive the location loop: small workloads reuse prepared objects at both places.
@@ -435,9 +477,14 @@ def _measure_throughput(args: argparse.Namespace, workload: Workload, systems: l
                 case.save_s.append(save_s)
                 case.restore_s.append(restore_s)
                 gb = workload.nbytes / report.GB
+                if workload.kind == "many":
+                    us = 1e6 / len(workload.specs)
+                    rates = (f"{save_s * us:.3g} µs/value", f"{restore_s * us:.3g} µs/value")
+                else:
+                    rates = (f"{gb / save_s:.3g} GB/s", f"{gb / restore_s:.3g} GB/s")
                 progress.print(f"  {loc} rep {rep + 1}/{args.reps} {s.label}: save "
-                               f"{gb / save_s:.3g} GB/s ({save_s:.3g} s), restore "
-                               f"{gb / restore_s:.3g} GB/s ({restore_s:.3g} s)")
+                               f"{rates[0]} ({save_s:.3g} s), restore "
+                               f"{rates[1]} ({restore_s:.3g} s)")
             if tp and async_result and async_result.status == "ok" and cases[tp.key].ok:
                 try:
                     measure_async(tp, source, loc_dir, async_result, check=rep == 0)

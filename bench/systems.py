@@ -21,6 +21,7 @@ from bench.workloads import BF16, TensorSpec, zeros_like_specs
 __all__ = [
     "SYSTEMS",
     "System",
+    "all_system_classes",
     "from_stored_state",
     "make_systems",
     "to_stored_specs",
@@ -42,6 +43,10 @@ class System:
     async_capable: ClassVar[bool] = False
     # Workloads with more tensors get one repetition unless the system is named in --systems.
     max_default_tensors: ClassVar[int | None] = None
+    kinds: ClassVar[tuple[str, ...]] = ("tensors",)  # the Workload.kind values it measures
+    # False: prepare_save and make_template run again before every repetition (untimed), so
+    # each save and restore meets objects no earlier call has touched.
+    reuse_objects: ClassVar[bool] = True
 
     def unavailable(self) -> str | None:
         """Why this system cannot run here ("not installed"), or None."""
@@ -529,10 +534,19 @@ SYSTEMS: tuple[type[System], ...] = (
 """Row order of every table."""
 
 
+def all_system_classes() -> tuple[type[System], ...]:
+    """:data:`SYSTEMS` and then the ``many`` workload's systems (bench/many.py builds on
+    :class:`System`, so it is imported here, late)."""
+    from bench.many import MANY_SYSTEMS
+
+    return SYSTEMS + MANY_SYSTEMS
+
+
 def make_systems(keys: list[str] | None = None) -> list[System]:
     """Instances of the selected systems (all when ``keys`` is None), in table order."""
-    known = {cls.key: cls for cls in SYSTEMS}
+    classes = all_system_classes()
+    known = {cls.key: cls for cls in classes}
     unknown = sorted(set(keys or ()) - set(known))
     if unknown:
         raise SystemExit(f"unknown system(s) {unknown}; choose from {sorted(known)}")
-    return [cls() for cls in SYSTEMS if keys is None or cls.key in keys]
+    return [cls() for cls in classes if keys is None or cls.key in keys]

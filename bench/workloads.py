@@ -17,11 +17,16 @@ import numpy as np
 
 __all__ = [
     "BF16",
+    "MANY_LAYERS",
+    "MANY_LAYERS_QUICK",
     "WORKLOADS",
     "TensorSpec",
     "Workload",
     "compare_tensors",
     "get_workload",
+    "get_workloads",
+    "many_layer_count",
+    "many_workload",
     "zeros_like_specs",
 ]
 
@@ -49,6 +54,9 @@ class Workload:
     title: str
     specs: tuple[TensorSpec, ...]
     big: bool = False
+    # "tensors": a flat {name: ndarray} every general system saves; "many": a model's layers
+    # and optimizer state, saved by the systems of bench/many.py in their own structures.
+    kind: str = "tensors"
 
     @property
     def nbytes(self) -> int:
@@ -160,6 +168,41 @@ def _mixed(d: int, layers: int, vocab: int) -> Workload:
     return Workload("mixed", title, tuple(specs))
 
 
+MANY_PARAMS = ("weight", "bias")
+MANY_SLOTS = ("exp_avg", "exp_avg_sq", "step")
+MANY_VALUES_PER_LAYER = len(MANY_PARAMS) * (1 + len(MANY_SLOTS))
+MANY_LAYERS = (4_000, 16_000)
+"""Default sizes of the ``many`` workload, in Linear(32, 32) layers (8 values each)."""
+MANY_LAYERS_QUICK = (20, 80)
+
+
+def many_workload(layers: int) -> Workload:
+    """``layers`` Linear(32, 32) layers with AdamW state: 8 small values per layer (issue 28).
+
+    Per layer, in torch's parameter order: ``model/<i>/weight`` (32×32), ``model/<i>/bias``
+    (32), and per parameter AdamW's ``optim/<i>/<param>/exp_avg``, ``exp_avg_sq`` (same shape)
+    and ``step`` (a float32 scalar, as torch keeps it). Names are the flat view every ``many``
+    system maps to and from its own structure (a nested dict, a module and optimizer, a pytree).
+    """
+    f32 = np.dtype(np.float32)
+    specs: list[TensorSpec] = []
+    for i in range(layers):
+        shapes = {"weight": (32, 32), "bias": (32,)}
+        specs += [TensorSpec(f"model/{i}/{p}", shapes[p], f32) for p in MANY_PARAMS]
+        for p in MANY_PARAMS:
+            specs += [TensorSpec(f"optim/{i}/{p}/{slot}", () if slot == "step" else shapes[p],
+                                 f32) for slot in MANY_SLOTS]
+    title = (f"{layers:,} Linear(32, 32) layers + AdamW state "
+             f"({layers * MANY_VALUES_PER_LAYER:,} values)")
+    return Workload(f"many-{layers}", title, tuple(specs), kind="many")
+
+
+def many_layer_count(key: str) -> int | None:
+    """The layer count of a ``many-<layers>`` key, or None for any other key."""
+    head, _, tail = key.partition("-")
+    return int(tail) if head == "many" and tail.isdigit() and int(tail) > 0 else None
+
+
 _FULL: dict[str, Callable[[], Workload]] = {
     "1gib": lambda: _uniform("1gib", "64 float32 tensors", 64, (2048, 2048), False),
     "small": lambda: _small(100_000),
@@ -174,10 +217,24 @@ _QUICK: dict[str, Callable[[], Workload]] = {
     "mixed": lambda: _mixed(64, 2, 512),
     "4gib": lambda: _uniform("4gib", "64 float32 tensors", 64, (256, 256), True),
 }
-WORKLOADS: tuple[str, ...] = tuple(_FULL)
-"""Workload keys in run order; ``4gib`` runs only with ``--big``."""
+WORKLOADS: tuple[str, ...] = (*_FULL, "many")
+"""Workload keys in run order; ``4gib`` runs only with ``--big``; ``many`` stands for one
+``many-<layers>`` workload per size (``many-4000``, ``many-16000`` by default)."""
 
 
 def get_workload(key: str, *, quick: bool) -> Workload:
     """The workload ``key`` at full size, or tiny with ``quick``."""
+    layers = many_layer_count(key)
+    if layers is not None:
+        return many_workload(layers)
     return (_QUICK if quick else _FULL)[key]()
+
+
+def get_workloads(key: str, *, quick: bool,
+                  many_layers: tuple[int, ...] | None = None) -> list[Workload]:
+    """The workloads a ``--workloads`` key names: ``many`` gives one per size in ``many_layers``
+    (default :data:`MANY_LAYERS`, or :data:`MANY_LAYERS_QUICK` with ``quick``)."""
+    if key == "many":
+        sizes = many_layers or (MANY_LAYERS_QUICK if quick else MANY_LAYERS)
+        return [many_workload(n) for n in sizes]
+    return [get_workload(key, quick=quick)]

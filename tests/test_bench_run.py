@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from bench import report
 from bench.run import main
 
 
@@ -34,3 +38,37 @@ def test_in_process_keeps_every_workload_here(tmp_path: Path) -> None:
     assert main(argv) == 0
     run = json.loads(out.read_text())
     assert {info["pid"] for info in run["workloads"].values()} == {os.getpid()}
+
+
+def test_many_workload_runs_quick_dry_and_produces_its_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown: dict[str, Any] = {}
+
+    def capture(console: object, run: Any, tables: list[Any], targets: list[Any]) -> None:
+        shown.update(run=run, tables=tables, targets=targets)
+
+    monkeypatch.setattr(report, "render_rich", capture)
+    argv = ["--quick", "--dry", "--workloads", "many", "--many-layers", "2,8", "--where", "shm"]
+    assert main(argv) == 0
+    run = shown["run"]
+    assert set(run.workloads) == {"many-2", "many-8"}  # one workload per size
+    assert [run.workloads[w]["tensors"] for w in ("many-2", "many-8")] == [16, 64]
+    paths = ("tp-many-numpy", "tp-many-torch", "tp-many-jax", "torch-many", "dcp-many")
+    for w in ("many-2", "many-8"):
+        cases = run.cases[w]["shm"]
+        assert tuple(cases) == paths  # the many systems only, every restore verified equal
+        assert all(c.status == "ok" and len(c.restore_s) == 1 for c in cases.values()), cases
+    (table,) = [t for t in shown["tables"] if t.title.startswith("many:")]
+    assert [row[0] for row in table.rows] == [
+        "trackpoint, numpy nested dict",
+        "trackpoint, torch module + AdamW",
+        "trackpoint, JAX pytree (tp.jax)",
+        "torch.save/load + load_state_dict",
+        "DCP save/load (1 process)",
+    ]
+    assert all("—" not in cell for row in table.rows for cell in row[1:-2]), table.rows
+    verdicts = {t.id: t.verdict for t in shown["targets"] if t.scope == "many, shm"}
+    assert len(verdicts) == 4 + 6 + 2 and set(verdicts.values()) <= {"PASS", "MISS"}, verdicts
+    assert "many-tp-many-torch-restore-linear/shm" in verdicts
+    assert "many-restore-vs-dcp-many/shm" in verdicts
