@@ -47,6 +47,8 @@ bench: $(VENV)/.installed-dev
 	$(PY) bench/distributed.py
 	$(PY) bench/incremental.py
 	$(PY) bench/jax_distributed.py
+	$(PY) bench/training_loop.py
+	$(PY) bench/transformers.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
