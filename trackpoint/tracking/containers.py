@@ -54,6 +54,7 @@ from trackpoint.tracking.plain_values import (
 )
 from trackpoint.tracking.python_state import PYTHON_STATE, bytes_of, string_scalar
 from trackpoint.tracking.save_check import SaveChecked
+from trackpoint.tracking.views import Viewing, made_from, same_items, source_of
 
 __all__ = [
     "ListWrapper",
@@ -114,14 +115,16 @@ def wrap_or_unwrap(value: Any) -> Any:
     if isinstance(value, (list, dict, tuple)) and claims_structure(value):
         return value  # e.g. a JAX pytree: tracked through its adapter, never modified
     if type(value) is list:
-        return ListWrapper(value)
+        return made_from(ListWrapper(value), value)  # never written into the user's containers
     if type(value) in (dict, OrderedDict) or (
         isinstance(value, tuple) and _should_wrap_tuple(value)
     ):
         # mappings.py builds on this module, so it is imported on first use.
         from trackpoint.tracking.mappings import DictWrapper, wrap_tuple
 
-        return DictWrapper(value) if isinstance(value, dict) else wrap_tuple(value)
+        if isinstance(value, dict):
+            return made_from(DictWrapper(value), value)
+        return wrap_tuple(value)
     return value
 
 
@@ -141,13 +144,7 @@ def sticky_attribute_assignment(trackable: Trackable, name: str, value: Any) -> 
     return value
 
 
-def same_items(a: Iterable[Any], b: Iterable[Any]) -> bool:
-    """Element-wise identity: arrays compare element-wise under ``==``, so compare by ``is``."""
-    a_list, b_list = list(a), list(b)
-    return len(a_list) == len(b_list) and all(x is y for x, y in zip(a_list, b_list))
-
-
-class TrackableDataStructure(SaveChecked, Trackable):
+class TrackableDataStructure(SaveChecked, Viewing, Trackable):
     """Base of the tracked containers: trackable entries are children, plain entries one JSON
     value (see the module docstring); assertions ignore containers that have neither."""
 
@@ -307,7 +304,7 @@ class ListWrapper(TrackableDataStructure, list[Any]):
         object.__setattr__(self, "_self_external_modification", False)
         object.__setattr__(self, "_self_untracked", {})
         list.__init__(self, [self._track_value(v, str(i)) for i, v in enumerate(original)])
-        self._self_original[:] = list.__iter__(self)  # elements were tracked by their index
+        self._self_original[:] = map(source_of, list.__iter__(self))  # tracked by their index
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -320,7 +317,7 @@ class ListWrapper(TrackableDataStructure, list[Any]):
 
     def _sync(self) -> None:
         """Mirror the wrapper into the original list; name each tracked element by its index."""
-        self._self_original[:] = list.__iter__(self)
+        self._self_original[:] = map(source_of, list.__iter__(self))
         if self._self_non_append_mutation or self._self_external_modification:
             return  # unsaveable: renaming could hand a waiting restore the wrong object
         items = list(list.__iter__(self))
@@ -358,14 +355,15 @@ class ListWrapper(TrackableDataStructure, list[Any]):
             return
         original = self._self_original
         current = list(list.__iter__(self))
-        if same_items(original, current):
+        sources = current if same_items(original, current) else list(map(source_of, current))
+        if sources is current or same_items(original, sources):
             return
         if len(original) < len(current) and any(holds_trackable(v) for v in current):
             object.__setattr__(self, "_self_external_modification", True)
             return
         changed = [
             index for index, value in enumerate(original)
-            if index >= len(current) or current[index] is not value
+            if index >= len(current) or sources[index] is not value
         ]
         for index in changed:
             if is_tracked_value(original[index]) and self._deferred_dependencies.get(str(index)):
@@ -376,7 +374,8 @@ class ListWrapper(TrackableDataStructure, list[Any]):
                     "it through the tracked list (e.g. ckpt.items[i] = value) to restore it "
                     "now, or through NoDependency to leave it out."
                 )
-        stored = list(original)
+        stored = [c if s is v else v for c, s, v in zip(current, sources, original)]
+        stored += original[len(stored):]  # unchanged elements keep their wrappers
         for index in changed:
             stored[index] = self._track_value(original[index], str(index))
         list.__setitem__(self, slice(None), stored)
@@ -463,7 +462,7 @@ class ListWrapper(TrackableDataStructure, list[Any]):
     def append(self, value: Any) -> None:
         stored = self._track_value(value, str(len(self)))
         list.append(self, stored)
-        self._self_original.append(stored)  # O(1): no full re-sync on the common path
+        self._self_original.append(source_of(stored))  # O(1): no full re-sync
 
     def extend(self, values: Iterable[Any]) -> None:
         for value in list(values):

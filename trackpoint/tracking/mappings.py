@@ -34,6 +34,7 @@ from trackpoint.tracking.plain_values import (
     merge_plain,
     updates_by_index,
 )
+from trackpoint.tracking.views import source_of
 
 __all__ = ["DictWrapper", "TupleWrapper", "wrap_tuple"]
 
@@ -97,10 +98,10 @@ class DictWrapper(TrackableDataStructure, dict[Any, Any]):
         return wrap_or_unwrap(value)  # a trackable here makes saving fail (_trackable_children)
 
     def _sync(self) -> None:
-        """Mirror the wrapper into the original dict."""
+        """Mirror the wrapper into the original dict (nested wrappers as what they wrap)."""
         original = self._self_original
         original.clear()
-        original.update(dict.items(self))
+        original.update(zip(dict.keys(self), map(source_of, dict.values(self))))
 
     def _adopt_external_changes(self) -> None:
         """Take in keys set, rebound or deleted on the original dict (compared by identity), as
@@ -119,7 +120,8 @@ class DictWrapper(TrackableDataStructure, dict[Any, Any]):
             return  # the usual case, checked in C: the same keys and values, in order
         changed = [
             key for key, value in original.items()
-            if not dict.__contains__(self, key) or dict.__getitem__(self, key) is not value
+            if not dict.__contains__(self, key)
+            or source_of(dict.__getitem__(self, key)) is not value
         ]
         if not changed and len(original) == dict.__len__(self):
             return
@@ -224,7 +226,7 @@ class DictWrapper(TrackableDataStructure, dict[Any, Any]):
         ):
             self._untrack(key)  # the value it replaces may have been tracked
         dict.__setitem__(self, key, stored)
-        self._self_original[key] = stored
+        self._self_original[key] = source_of(stored)
 
     def __delitem__(self, key: Any) -> None:
         dict.__delitem__(self, key)
