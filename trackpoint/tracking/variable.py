@@ -63,6 +63,12 @@ def check_restorable(target: np.ndarray, saved: Any, *, what: str) -> np.ndarray
         )
     if is_string_array(target) and is_string_array(saved_array):
         saved_array = fit_strings(saved_array, target, what=what)
+    if saved_array.dtype != target.dtype and (
+        saved_array.dtype.newbyteorder("=") == target.dtype.newbyteorder("=")
+    ):
+        # The same values in the other byte order: checkpoints store little-endian, so a
+        # big-endian holder gets them swapped (a copy; such holders are rare).
+        saved_array = saved_array.astype(target.dtype)
     if saved_array.dtype != target.dtype:
         raise InvalidArgumentError(
             f"Received tensor of dtype {saved_array.dtype} when attempting to restore {what} "
