@@ -41,7 +41,6 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "Failure",
-    "UsageError",
     "classify",
     "report_failure",
     "run_command",
@@ -53,10 +52,6 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 
 Command = Callable[[argparse.Namespace, Console], int | None]
-
-
-class UsageError(Exception):
-    """A command line argparse refused; raised instead of argparse printing and exiting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +88,6 @@ def _missing_file_of_a_checkpoint(exc: NotFoundError) -> bool:
 def classify(exc: BaseException) -> Failure:
     """The exit status and message for ``exc`` (see the module doc for the rules)."""
     name = type(exc).__name__
-    if isinstance(exc, UsageError):
-        return Failure(EXIT_USAGE, name, str(exc))
     if isinstance(exc, CheckpointError):
         damage = isinstance(exc, DataLossError) or (
             isinstance(exc, NotFoundError) and _missing_file_of_a_checkpoint(exc)

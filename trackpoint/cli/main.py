@@ -26,10 +26,10 @@ from trackpoint.cli.failures import (
     EXIT_OK,
     EXIT_USAGE,
     Failure,
-    UsageError,
     report_failure,
     run_command,
 )
+from trackpoint.errors import InvalidArgumentError
 
 __all__ = ["EXIT_DAMAGE", "EXIT_INTERNAL", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -42,11 +42,11 @@ _EPILOG = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` instead of printing and exiting, so usage
-    errors take the one error path (and become a JSON document under ``--json``)."""
+    """argparse that raises instead of printing and exiting, so usage errors take the one
+    error path (and become a JSON document, type ``"UsageError"``, under ``--json``)."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
+        raise InvalidArgumentError(f"{message}\n{self.format_usage().rstrip()}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    except UsageError as exc:
+    except InvalidArgumentError as exc:  # argparse refused the command line
         failure = Failure(EXIT_USAGE, "UsageError", str(exc))
         return report_failure(failure, json_mode="--json" in argv)
     return run_command(args.func, args, Console())

@@ -39,7 +39,7 @@ _INT32 = descriptor_pb2.FieldDescriptorProto.TYPE_INT32
 _MESSAGE = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
 
 
-def _shadow_class() -> Any:
+def _shadow_class() -> tuple[Any, ...]:
     """The shadow ``TrackableObjectGraph``, in a descriptor pool of its own (the real protos
     are untouched): ``Graph.nodes`` (1) a singular ``Node``; ``Node.children`` (1) a singular
     ``Ref`` and ``Node.slot_variables`` (3) a singular ``Slot``; ``Ref.node_id`` (1) and
@@ -71,10 +71,15 @@ def _shadow_class() -> Any:
                 )  # fmt: skip
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("trackpoint.shadow.Graph"))
+    # Every class is held here: a nested message class made on first access and held by
+    # nothing is made again (and left to the cyclic collector) at each parse.
+    return tuple(
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"trackpoint.shadow.{name}"))
+        for name in shapes
+    )
 
 
-_SHADOW_GRAPH = _shadow_class()
+_SHADOW_GRAPH, *_SHADOW_PARTS = _shadow_class()
 
 
 def check_node_references(data: bytes, graph: TrackableObjectGraph, *, prefix: str = "") -> None:
