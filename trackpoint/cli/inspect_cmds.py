@@ -122,7 +122,8 @@ def data_file_sizes(prefix: str, num_shards: int) -> list[tuple[str, int]]:
     out = []
     for shard in sorted(present + missing):
         path = data_filename(prefix, shard, num_shards)
-        out.append((storage.basename(path), -1 if shard in missing else storage.size(path)))
+        gone = shard in missing or not storage.exists(path)  # listed: a dangling link too
+        out.append((storage.basename(path), -1 if gone else storage.size(path)))
     return out
 
 
