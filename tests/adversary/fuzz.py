@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import atexit
 import collections
+import logging
 import os
 import resource
 import shutil
 import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
@@ -46,6 +48,10 @@ def _init(sources: list[str] | None, memory_mb: int, case_seconds: float) -> Non
 
     root = tempfile.mkdtemp(prefix="trackpoint-fuzz-")
     atexit.register(shutil.rmtree, root, True)
+    # A worker process of its own: hostile cases log and warn by the thousand (an in-process
+    # Fuzzer, as test_fuzz's, leaves the test session's logging and warnings alone).
+    logging.getLogger("trackpoint").setLevel(logging.CRITICAL)
+    warnings.simplefilter("ignore")
     _FUZZER = Fuzzer(root, build_sources(os.path.join(root, "sources"), sources), case_seconds)
     if memory_mb > 0 and sys.platform.startswith("linux"):
         _cap_memory(memory_mb)

@@ -21,13 +21,11 @@ fails). A finding is minimized (ops dropped while it persists) before it is repo
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import shutil
 import signal
 import traceback
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -118,8 +116,6 @@ class Fuzzer:
                               key=lambda s: s.name)
         self.case_seconds = case_seconds
         self.work = os.path.join(root, "case")
-        logging.getLogger("trackpoint").setLevel(logging.CRITICAL)
-        warnings.simplefilter("ignore")
 
     def draw(self, seed: int, case: int) -> tuple[Source, list[Op]]:
         rng = random.Random(f"{seed}:{case}")
