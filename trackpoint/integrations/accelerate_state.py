@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import random
 import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,6 +31,7 @@ from trackpoint.integrations.torch_state import TorchRNG
 from trackpoint.management import latest_checkpoint
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import Trackable
+from trackpoint.tracking.python_random import PythonRandomState
 from trackpoint.tracking.python_state import PythonState
 from trackpoint.tracking.state_json import dumps, loads
 
@@ -51,41 +51,6 @@ logger = logging.getLogger(__name__)
 PARTIAL_SUFFIX = ".trackpoint-partial"
 """Suffix of a checkpoint directory being written: ``.<name>.trackpoint-partial``."""
 _REPLACED_SUFFIX = ".trackpoint-replaced"
-
-
-class PythonRandomState(PythonState):
-    """A ``random.Random`` (by default the module's global one) as JSON.
-
-    ``getstate()`` is ``(version, 625 ints, gauss_next)``; JSON keeps the tuples and the
-    integers exactly (``state_json``), so the restored generator draws the same numbers.
-    """
-
-    def __init__(self, generator: random.Random | None = None) -> None:
-        # random's module-level functions are bound methods of this hidden instance.
-        self._generator: random.Random = generator or random._inst
-
-    def __repr__(self) -> str:
-        return "<python random state>"
-
-    def serialize(self) -> bytes:
-        # docstring inherited
-        return dumps(self._generator.getstate(), what="python random state")
-
-    def deserialize(self, data: bytes) -> None:
-        # docstring inherited
-        self._prepare_deserialize(data)()
-
-    def _prepare_deserialize(self, data: bytes) -> Callable[[], None]:
-        # docstring inherited
-        state = loads(data, what="python random state")
-        try:  # checked on a scratch generator: a failed restore changes nothing
-            random.Random().setstate(state)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgumentError(
-                f"cannot restore python's random state from the checkpoint: {exc}; was "
-                "rng/python written by another program?"
-            ) from exc
-        return functools.partial(self._generator.setstate, state)
 
 
 class ProcessRNG(Trackable):

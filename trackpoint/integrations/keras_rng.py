@@ -6,8 +6,9 @@ generators (or torch's, through a ``DataLoader``). None of that is a keras varia
 resumed from the model's and optimizer's variables alone draws other masks than the
 uninterrupted run. :class:`GlobalRandomState` saves those generators beside the model:
 
-* ``python``: ``random.getstate()``, as JSON;
-* ``numpy``: numpy's global ``RandomState`` (``np.random.get_state()``), as JSON;
+* ``python``: ``random.getstate()``, as JSON (:class:`~trackpoint.tracking.python_random.
+  PythonRandomState`);
+* ``numpy``: numpy's global ``RandomState``, as JSON (the numpy generators' adapter);
 * ``torch/cpu`` and ``torch/cuda:<i>``: torch's default generators, on the torch backend
   (through the adapter registry, as ``torch.Generator`` states).
 
@@ -17,9 +18,7 @@ state in model variables, which are saved with the model.
 
 from __future__ import annotations
 
-import functools
-import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import keras
@@ -28,75 +27,12 @@ import numpy as np
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import Trackable
-from trackpoint.tracking.python_state import PythonState
-from trackpoint.tracking.state_json import dumps, loads
+from trackpoint.tracking.python_random import PythonRandomState
 
 __all__ = ["RNG_NAME", "GlobalRandomState"]
 
 RNG_NAME = "rng"
 """Local name of the process's random state under the checkpoint's root."""
-
-
-class _PythonRandom(PythonState):
-    """``random``'s global state: ``(version, 625 ints, gauss_next)``."""
-
-    def __repr__(self) -> str:
-        return "<python random state>"
-
-    def serialize(self) -> bytes:
-        # docstring inherited
-        version, internal, gauss = random.getstate()
-        return dumps([version, list(internal), gauss], what="python random state")
-
-    def deserialize(self, data: bytes) -> None:
-        # docstring inherited
-        self._prepare_deserialize(data)()
-
-    def _prepare_deserialize(self, data: bytes) -> Callable[[], None]:
-        # docstring inherited: checked, and tried on a scratch generator, before it is applied
-        saved = loads(data, what="python random state")
-        try:
-            version, internal, gauss = saved
-            state = (int(version), tuple(int(x) for x in internal), gauss)
-            random.Random().setstate(state)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgumentError(
-                f"python random state: the checkpoint holds {str(saved)[:80]!r}, not a "
-                f"random.getstate() value ({exc})"
-            ) from exc
-        return functools.partial(random.setstate, state)
-
-
-class _NumpyGlobalRandom(PythonState):
-    """numpy's global ``RandomState`` (the one ``np.random.shuffle`` and friends draw from)."""
-
-    def __repr__(self) -> str:
-        return "<numpy global random state>"
-
-    def serialize(self) -> bytes:
-        # docstring inherited
-        name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-        return dumps([name, np.asarray(key).tolist(), int(pos), int(has_gauss), float(gauss)],
-                     what="numpy global random state")
-
-    def deserialize(self, data: bytes) -> None:
-        # docstring inherited
-        self._prepare_deserialize(data)()
-
-    def _prepare_deserialize(self, data: bytes) -> Callable[[], None]:
-        # docstring inherited: checked on a scratch RandomState before it is applied
-        saved = loads(data, what="numpy global random state")
-        try:
-            name, key, pos, has_gauss, gauss = saved
-            state = (str(name), np.asarray(key, dtype=np.uint32), int(pos), int(has_gauss),
-                     float(gauss))
-            np.random.RandomState().set_state(state)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgumentError(
-                "numpy global random state: the checkpoint does not hold a "
-                f"np.random.get_state() value ({exc})"
-            ) from exc
-        return functools.partial(np.random.set_state, state)
 
 
 def _torch_generators() -> dict[str, Trackable]:
@@ -149,9 +85,10 @@ class GlobalRandomState(_Group):
     """
 
     def __init__(self) -> None:
-        children: dict[str, Trackable] = {
-            "python": _PythonRandom(), "numpy": _NumpyGlobalRandom(),
-        }
+        numpy_state = to_trackable(np.random.mtrand._rand)  # numpy_random's adapter
+        if numpy_state is None:  # pragma: no cover - registered for RandomState lazily
+            raise InvalidArgumentError("no adapter for numpy's global RandomState")
+        children: dict[str, Trackable] = {"python": PythonRandomState(), "numpy": numpy_state}
         torch_generators = _torch_generators()
         if torch_generators:
             children["torch"] = _Group(torch_generators, "torch default generators")
