@@ -372,6 +372,8 @@ def _md_table(headers: tuple[str, ...], rows: tuple[tuple[str, ...], ...] | list
 
 
 _WHY = re.compile(r"<!-- why:(?P<id>\S+) -->\n(?P<body>.*?)<!-- /why -->", re.S)
+# Sections another bench writes (bench/training_loop.py's lazy snapshots), carried over whole.
+_KEPT = re.compile(r"<!-- kept:(?P<id>\S+) -->\n.*?<!-- /kept -->\n", re.S)
 _PLACEHOLDER = (
     "**Needs analysis.** Why: _not analysed yet. The lead fills this in from profile findings "
     "(py-spy / perf on the case above); nothing here is a measured explanation._\n"
@@ -461,9 +463,9 @@ def render_markdown(run: RunResult, tables: list[Table], targets: list[TargetRow
         "Synchronous saves never copy the state: they write from the arrays' own memory "
         "(non-contiguous or big-endian arrays are converted 8 MiB at a time).",
         "",
-        "## Results",
-        "",
     ]
+    out += [m.group(0) for m in _KEPT.finditer(previous)]
+    out += ["## Results", ""]
     for t in tables:
         out += [f"### {t.title}", "", _md_table(t.headers, t.rows), ""]
     out += ["## Targets", "", _md_table(

@@ -72,3 +72,14 @@ def test_many_workload_runs_quick_dry_and_produces_its_rows(
     assert len(verdicts) == 4 + 6 + 2 and set(verdicts.values()) <= {"PASS", "MISS"}, verdicts
     assert "many-tp-many-torch-restore-linear/shm" in verdicts
     assert "many-restore-vs-dcp-many/shm" in verdicts
+
+
+def test_write_doc_carries_over_sections_other_benches_wrote() -> None:
+    """bench/training_loop.py's lazy-snapshot section lives in docs/performance.md between
+    ``kept`` markers; regenerating the doc from a run keeps it, word for word."""
+    kept = "<!-- kept:lazy -->\n## Lazy snapshots\n\nfigures from another bench\n<!-- /kept -->\n"
+    run = report.RunResult(quick=True, reps=1, workloads={}, locations={})
+    text = report.render_markdown(run, [], [], previous="# Performance\n\n" + kept + "## Results\n")
+    assert kept in text
+    assert text.index(kept) < text.index("## Results")
+    assert "figures from another bench" not in report.render_markdown(run, [], [])
