@@ -1,8 +1,8 @@
 """The save oracle on the other save paths: ``MultiDeviceSaver`` over several tasks and shards,
 ``DistributedCheckpoint`` on thread ranks; and the findings of issue 27 it covers.
 
-The ``test_known_*`` functions are findings other work owns (issue 27 #2, #11, #14, #15): they
-fail until that work lands, and are kept apart (not xfailed) so they are seen going green.
+The ``test_known_*`` functions name the findings of issue 27 this oracle covers (#2, #11, #14,
+#15): each failed on the code before its fix, and is kept apart so a regression names it.
 """
 
 from __future__ import annotations
