@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -91,3 +93,12 @@ def assert_same_records(full_path, resumed_path) -> None:
             a, b = full[name], resumed[name]
             assert a.dtype == b.dtype and a.shape == b.shape, name
             assert a.tobytes() == b.tobytes(), name
+
+
+def run_worker(worker: str, mode: str, directory: object, kinds: str
+               ) -> subprocess.CompletedProcess:
+    """Run ``worker`` (a script beside this one) in a process of its own, offline: there is
+    no model hub here, every model is built from its config."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, worker, mode, str(directory), kinds],
+                          capture_output=True, text=True, timeout=600, env=env)

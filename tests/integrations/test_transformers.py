@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,8 @@ from trackpoint.cli.main import main as cli  # noqa: E402
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("hf_trainer_worker.py"))
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
 def _run(mode: str, directory: Path, kinds: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, WORKER, mode, str(directory), kinds],
-                          capture_output=True, text=True, timeout=600, env=ENV)
+    return common.run_worker(WORKER, mode, directory, kinds)
 
 
 @pytest.fixture(scope="module")
