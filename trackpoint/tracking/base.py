@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from trackpoint.errors import InvalidArgumentError
 
@@ -35,6 +35,7 @@ __all__ = [
     "NotTrackable",
     "Trackable",
     "TrackableReference",
+    "batch_hook",
     "has_values",
     "next_restore_uid",
 ]
@@ -404,6 +405,83 @@ class Trackable:
                 "nor _restore_from_tensors"
             )
         self._prepare_restore(restored_tensors)()
+
+
+    # -- values, many objects at a time (the batch-first protocol) ------------------------------
+    #
+    # The engines call these on an object's class with every object of that class in one save or
+    # restore, as zarr-python's codecs take ``chunks_and_specs``: the defaults map over the
+    # per-object methods above, and a class whose objects are many and alike (variables, torch
+    # tensors, JAX leaves) implements the batch form. Engines reach them through
+    # :func:`batch_hook`, which keeps a subclass that overrides a per-object method on the
+    # per-object path.
+
+    _whole_value_names: ClassVar[tuple[str, ...] | None] = None
+    """Set by a class every instance of which saves exactly these values, each one whole array
+    (no slices, no device layout, no callable): the restore walk then plans its objects from the
+    checkpoint's attributes without calling ``_serialize_to_tensors``. None: ask each object."""
+
+    @classmethod
+    def _serialize_many(cls, trackables: Sequence[Trackable]) -> list[dict[str, Any]]:
+        """:meth:`_serialize_to_tensors` of many objects of this class, in order."""
+        return [trackable._serialize_to_tensors() for trackable in trackables]
+
+    @classmethod
+    def _prepare_restores(
+        cls,
+        trackables: Sequence[Trackable],
+        restored: Sequence[Mapping[str, Any]],
+        on_error: Callable[[int, InvalidArgumentError], BaseException],
+    ) -> Callable[[], None]:
+        """:meth:`_prepare_restore` of many objects of this class: check every value, then
+        return one step that applies them all, in order.
+
+        Args:
+            trackables: the objects.
+            restored: ``restored[i]`` is ``{name: array}`` for ``trackables[i]``.
+            on_error: the error to raise for object ``i`` whose value does not fit, from
+                ``i`` and the :class:`~trackpoint.errors.InvalidArgumentError` its check raised
+                (it names the object and the checkpoint key).
+        """
+        steps: list[Callable[[], None]] = []
+        for index, (trackable, values) in enumerate(zip(trackables, restored, strict=True)):
+            try:
+                steps.append(trackable._prepare_restore(values))
+            except InvalidArgumentError as exc:
+                raise on_error(index, exc) from exc
+
+        def apply() -> None:
+            for step in steps:
+                step()
+
+        return apply
+
+
+_PER_OBJECT = {
+    "_serialize_many": ("_serialize_to_tensors",),
+    "_prepare_restores": ("_prepare_restore", "_restore_from_tensors"),
+    "_whole_value_names": ("_serialize_to_tensors", "_prepare_restore", "_restore_from_tensors"),
+}
+
+
+@functools.cache
+def batch_hook(cls: type[Trackable], name: str) -> Any:
+    """``cls``'s batch hook ``name`` (``_serialize_many``, ``_prepare_restores`` or
+    ``_whole_value_names``), or :class:`Trackable`'s default (None for ``_whole_value_names``)
+    when a subclass overrides a per-object method below the class that wrote the batch form.
+
+    A class's batch form speaks for its own per-object methods only: a ``Variable`` subclass
+    that checks more in ``_prepare_restore`` must not be restored by ``Variable``'s batch.
+    """
+    mro = cls.__mro__
+    owner = next(index for index, klass in enumerate(mro) if name in vars(klass))
+    for method in _PER_OBJECT[name]:
+        defined = next((index for index, klass in enumerate(mro) if method in vars(klass)), owner)
+        if defined < owner:  # a class below the batch form's owner changed the per-object method
+            if name == "_whole_value_names":
+                return None
+            return vars(Trackable)[name].__get__(None, cls)
+    return getattr(cls, name)
 
 
 class NotTrackable(Trackable):
