@@ -8,11 +8,12 @@ buffers), so callers hash numpy buffers and mmap slices without copying them.
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import crc32c as _crc32c
+
+from trackpoint.bundle import threads
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -69,27 +70,13 @@ def masked_crc32c(data: Buffer) -> int:
 # does something else (writes the bytes, checks or copies other tensors): the hash releases
 # the GIL, so the pass over memory overlaps instead of adding to the caller's time.
 PARALLEL_HASH_BYTES = 4 << 20
-_HASH_THREADS = 4  # one per concurrent shard writer (MultiDeviceSaver's default I/O threads)
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
 
 
 def crc32c_in_background(data: Buffer, crc: int = 0) -> Future[int]:
-    """``extend(crc, data)`` computed on a process-wide helper thread (made on first use).
+    """``extend(crc, data)`` computed on a thread of the process's hashing pool.
 
-    When the interpreter is exiting and no thread can start, the CRC is computed now and
-    returned as a completed future. ``data`` must not change until the future is done.
+    The pool (:mod:`trackpoint.bundle.threads`) is shared with every other hashing and made
+    on first use; when the interpreter is exiting and no thread can start, the CRC is computed
+    now and returned as a completed future. ``data`` must not change until the future is done.
     """
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(
-                    max_workers=_HASH_THREADS, thread_name_prefix="trackpoint-crc"
-                )
-    try:
-        return _pool.submit(_crc32c.crc32c, data, crc)
-    except RuntimeError:  # the interpreter is exiting: no new threads
-        done: Future[int] = Future()
-        done.set_result(_crc32c.crc32c(data, crc))
-        return done
+    return threads.submit(_crc32c.crc32c, data, crc)

@@ -25,18 +25,17 @@ recorded when the previous checkpoint was written:
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import xxhash
 
+from trackpoint.bundle import threads
 from trackpoint.graph.keys import local_name, unescape_local_name
 from trackpoint.saving.sharding import ShardableTensor
 
@@ -62,7 +61,6 @@ _CHUNK_BYTES = 8 << 20
 _SEGMENT_BYTES = 32 << 20
 # Below this many bytes per save, hashing on one thread beats handing work to others.
 _PARALLEL_BYTES = 16 << 20
-_MAX_HASH_THREADS = 4
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -223,25 +221,10 @@ def value_versions(
     return out
 
 
-def _hash_threads() -> int:
-    return max(1, min(_MAX_HASH_THREADS, os.cpu_count() or 1))
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(_hash_threads(), thread_name_prefix="trackpoint-hash")
-        return _pool
-
-
 def run_shared(work: Callable[[], None]) -> None:
-    """Run ``work`` on the calling thread and, at once, on the other hashing threads (up to 4,
-    never more than the machine's cores); return when every run has.
+    """Run ``work`` on the calling thread and, at once, on threads of the process's hashing pool
+    (:mod:`trackpoint.bundle.threads`; up to 4 threads in all, never more than the machine's
+    cores); return when every run has.
 
     ``work`` takes jobs from a queue of its own until it is empty: hashing (XXH3, crc32c)
     releases the GIL, so the threads hash at once, and no thread waits while others work.
@@ -249,7 +232,7 @@ def run_shared(work: Callable[[], None]) -> None:
     Raises:
         The first error a run raised (after every run ended).
     """
-    helpers = [_executor().submit(work) for _ in range(_hash_threads() - 1)]
+    helpers = [threads.submit(work) for _ in range(threads.hash_threads() - 1)]
     try:
         work()
     finally:
@@ -266,7 +249,7 @@ def _digests(arrays: Sequence[np.ndarray]) -> list[bytes]:
     pool task per thread rather than one per job).
     """
     total = sum(int(a.nbytes) for a in arrays)
-    if total < _PARALLEL_BYTES or _hash_threads() < 2:
+    if total < _PARALLEL_BYTES or threads.hash_threads() < 2:
         return [content_digest(a) for a in arrays]
     prepared = [_header(a) for a in arrays]
     jobs: list[tuple[int, int, int, int]] = []  # (bytes, array index, start, stop; -1: whole)
@@ -312,7 +295,7 @@ def _digests(arrays: Sequence[np.ndarray]) -> list[bytes]:
 
 def content_digests(arrays: Sequence[np.ndarray]) -> list[bytes]:
     """``[content_digest(a) for a in arrays]``, on several threads when there is enough to hash
-    (an incremental save also hashes the bytes of the data files it links: reuse.py)."""
+    (an incremental save also hashes the bytes of the data files it links: linking.py)."""
     return _digests(arrays)
 
 
