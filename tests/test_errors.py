@@ -26,7 +26,7 @@ from trackpoint.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
-    StagingAborted,
+    _StagingAborted,
 )
 
 PACKAGE = pathlib.Path(tp.__file__).parent
@@ -42,7 +42,8 @@ def _exception_classes() -> list[type[BaseException]]:
 
 def test_every_exception_in_errors_py_is_a_checkpoint_error() -> None:
     classes = _exception_classes()
-    assert sorted(c.__name__ for c in classes) == sorted(errors.__all__)
+    public = [c.__name__ for c in classes if not c.__name__.startswith("_")]
+    assert sorted(public) == sorted(errors.__all__)
     for cls in classes:
         assert issubclass(cls, CheckpointError), cls
 
@@ -52,7 +53,7 @@ def test_builtin_bases() -> None:
     assert issubclass(InvalidArgumentError, ValueError)
     assert issubclass(DataLossError, OSError)
     assert issubclass(FailedPreconditionError, RuntimeError)
-    assert issubclass(StagingAborted, FailedPreconditionError)
+    assert issubclass(_StagingAborted, FailedPreconditionError)
     assert not issubclass(CollectiveError, (FailedPreconditionError, InvalidArgumentError))
 
 
@@ -61,10 +62,14 @@ def test_errors_carry_path_and_key() -> None:
     assert (str(exc), exc.path, exc.key) == ("missing", "/tmp/x", "w")
 
 
-def test_moved_exceptions_keep_their_old_import_paths() -> None:
-    from trackpoint.saving.staging import StagingAborted as FromStaging
+def test_staging_aborted_is_private() -> None:
+    # An internal signal between the stager and the async writer: users never see it.
+    assert "StagingAborted" not in errors.__all__
+    assert "StagingAborted" not in (errors.__doc__ or "")
+    assert not hasattr(errors, "StagingAborted")
 
-    assert FromStaging is StagingAborted
+
+def test_moved_exceptions_keep_their_old_import_paths() -> None:
     pytest.importorskip("torch")
     import trackpoint.distributed as tpd
     from trackpoint.distributed.collective import CollectiveError as FromCollective

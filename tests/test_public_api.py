@@ -88,7 +88,6 @@ ERROR_NAMES = [
     "FailedPreconditionError",
     "InvalidArgumentError",
     "NotFoundError",
-    "StagingAborted",
 ]
 
 

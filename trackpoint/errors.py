@@ -7,7 +7,6 @@ Everything trackpoint raises on purpose is a :class:`CheckpointError`::
     ├── DataLossError          (also OSError)            bytes on disk are damaged or truncated
     ├── InvalidArgumentError   (also ValueError)         bad input: dtype, shape, name, option
     ├── FailedPreconditionError (also RuntimeError)      an operation called in the wrong state
-    │   └── StagingAborted                               an async save's staging was stopped
     └── CollectiveError                                  ranks of a distributed job lost each other
 
 Each error carries the ``path`` and ``key`` it is about (``None`` when not applicable), so
@@ -23,7 +22,6 @@ __all__ = [
     "FailedPreconditionError",
     "InvalidArgumentError",
     "NotFoundError",
-    "StagingAborted",
 ]
 
 
@@ -56,11 +54,13 @@ class FailedPreconditionError(CheckpointError, RuntimeError):
     """An operation was called in a state that does not allow it (e.g. a writer finished twice)."""
 
 
-class StagingAborted(FailedPreconditionError):
+class _StagingAborted(FailedPreconditionError):
     """The other side of an async save's staging stopped (the write failed, or copying did).
 
-    Raised inside trackpoint's saving layer, between the thread copying values into the staging
-    buffer and the thread writing them; the save then reports the error that stopped it.
+    Private: a signal inside the saving layer, raised by the stager (saving/staging.py) on the
+    thread copying values into the staging buffer or on the thread writing them, and passing
+    through the saver to the async writer; users never see it: the save reports the error
+    that stopped it.
     """
 
 

@@ -25,13 +25,13 @@ from trackpoint._types import PathLike, fspath
 from trackpoint.errors import FailedPreconditionError
 from trackpoint.metrics import registry as metrics
 from trackpoint.saving.devices import LOCAL_TASK
-from trackpoint.saving.incremental import plan_of, prepare_incremental
+from trackpoint.saving.incremental import prepare_incremental
 from trackpoint.saving.lazy_snapshot import LazyCopy, plan_lazy
 from trackpoint.saving.options import CheckpointOptions
 from trackpoint.saving.progress import ProgressEvent
 from trackpoint.saving.saver import MultiDeviceSaver
-from trackpoint.saving.snapshot import SaveSnapshot
-from trackpoint.saving.staging import StagedSnapshot, Stager, StagingAborted
+from trackpoint.saving.snapshot import SaveSnapshot, Snapshot
+from trackpoint.saving.staging import Stager
 from trackpoint.storage import Storage
 
 __all__ = ["AsyncWriter"]
@@ -39,8 +39,7 @@ __all__ = ["AsyncWriter"]
 logger = logging.getLogger(__name__)
 
 _Job = tuple[
-    MultiDeviceSaver, "SaveSnapshot | LazyCopy", str, CheckpointOptions, "Storage | None",
-    metrics.WriteTiming,
+    MultiDeviceSaver, Snapshot, str, CheckpointOptions, "Storage | None", metrics.WriteTiming
 ]
 
 
@@ -65,19 +64,19 @@ def _run(shared: _Shared) -> None:
         if job is None:
             return
         saver, snapshot, prefix, options, storage, timing = job
+        complete: SaveSnapshot | None = None
         try:
-            if isinstance(snapshot, LazyCopy):  # a lazy snapshot: finish its copies first
-                snapshot = snapshot.complete()
-            saver.save_snapshot(snapshot, prefix, options, storage=storage, timing=timing)
+            # A lazy snapshot finishes its copies first; a staged one is written as it arrives.
+            complete = snapshot.complete()
+            saver.save_snapshot(complete, prefix, options, storage=storage, timing=timing)
         except BaseException as exc:  # kept for sync(); the thread must survive
             logger.error("Asynchronous save to %s failed: %s", prefix, exc)
             shared.error = exc
-            if isinstance(snapshot, StagedSnapshot) and snapshot.stager is not None:
-                snapshot.stager.abort(exc)  # the caller may be waiting for staging space
+            snapshot.abandon(exc)  # e.g. the caller may be waiting for staging space
         finally:
             # Drop every reference before reporting idle: a daemon thread that frees framework
             # objects (torch tensors behind numpy views) during interpreter exit aborts it.
-            del saver, snapshot, options, storage, timing, job
+            del saver, snapshot, complete, options, storage, timing, job
             shared.idle.set()
 
 
@@ -248,12 +247,11 @@ class AsyncWriter:
         stager = Stager(options.max_staging_bytes, self._staging)
         self._staging = stager.buffer  # kept for the next bounded save
         shards = stager.stage_shards(saver._shard(snapshot, background))
-        staged = StagedSnapshot(snapshot.tensors_by_task, tuple(shards), stager, plan_of(snapshot))
+        staged = dataclasses.replace(snapshot, shards=tuple(shards), stager=stager)
         self._submit((saver, staged, prefix, background, storage, timing))
         try:
-            stager.stage(timing)
-        except StagingAborted:
-            return  # the write failed; sync() or the next save raises its error
+            if not stager.stage(timing):
+                return  # the write failed; sync() or the next save raises its error
         except BaseException:
             # Copying failed: the aborted write's error would only repeat this one.
             self._shared.idle.wait()

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import xxhash
@@ -69,7 +70,6 @@ from trackpoint.storage.base import DelegatingStorage
 
 __all__ = [
     "IncrementalPlan",
-    "IncrementalSnapshot",
     "SaveHistory",
     "plan_of",
     "prepare_incremental",
@@ -284,24 +284,9 @@ class IncrementalPlan:
             raise
 
 
-@dataclass(frozen=True, slots=True)
-class IncrementalSnapshot(SaveSnapshot):
-    """A snapshot holding only the values an incremental save writes, and its plan."""
-
-    plan: IncrementalPlan | None = None
-
-    def copy(
-        self, buffers: MutableMapping[tuple[str, str], np.ndarray] | None = None
-    ) -> SaveSnapshot:
-        # docstring inherited: the values to write are copied, the plan is kept
-        copied = SaveSnapshot.copy(self, buffers)
-        return IncrementalSnapshot(copied.tensors_by_task, self.plan)
-
-
 def plan_of(snapshot: SaveSnapshot) -> IncrementalPlan | None:
-    """The incremental plan a snapshot carries, if any."""
-    plan = getattr(snapshot, "plan", None)
-    return plan if isinstance(plan, IncrementalPlan) else None
+    """The incremental plan a snapshot carries, if any (only this module sets one)."""
+    return cast("IncrementalPlan | None", snapshot.plan)
 
 
 def prepare_incremental(
@@ -328,7 +313,7 @@ def prepare_incremental(
     """
     if history is None or not options.incremental or plan_of(snapshot) is not None:
         return snapshot
-    if getattr(snapshot, "shards", ()):
+    if snapshot.shards is not None:
         return snapshot  # a staged snapshot was planned before it was staged
     storage = storage or options.storage or storage_for(prefix, fsync=options.fsync)
     trust = options.trust_immutable_arrays
@@ -372,7 +357,7 @@ class _Planner:
         self.detached = frozenset(detached)
         self._reader: BundleReader | None = None
 
-    def plan(self, snapshot: SaveSnapshot) -> IncrementalSnapshot:
+    def plan(self, snapshot: SaveSnapshot) -> SaveSnapshot:
         every = [st for tensors in snapshot.tensors_by_task.values() for st in tensors]
         given = self.given
         missing = [st for st in every if (st.checkpoint_key, st.slice_spec) not in given]
@@ -432,7 +417,7 @@ class _Planner:
                 previous.prefix if previous else "",
                 sum(len(t) for t in to_write.values()),
             )
-        return IncrementalSnapshot(to_write, plan)
+        return SaveSnapshot(to_write, plan=plan)
 
     def _attach(
         self,

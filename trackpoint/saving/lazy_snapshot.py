@@ -268,8 +268,8 @@ class LazyCopy:
             by_task[task] = self._copies if task == LOCAL_TASK else self._others[task]
         return SaveSnapshot(by_task)
 
-    def abandon(self) -> None:
-        """Drop the live values without copying (the save failed before its write began)."""
+    def abandon(self, error: BaseException | None = None) -> None:
+        """Drop the live values without copying (the save failed, ``error``, or never began)."""
         with self._cond:
             self._live = None
             self._state = [_DONE] * len(self._state)

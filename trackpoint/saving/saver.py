@@ -50,7 +50,6 @@ from trackpoint.saving.sharding import (
     ShardByTaskPolicy,
 )
 from trackpoint.saving.snapshot import SaveSnapshot, as_array
-from trackpoint.saving.staging import StagedSnapshot
 from trackpoint.storage import Storage, storage_for
 from trackpoint.tracking.base import Trackable
 
@@ -343,7 +342,7 @@ class MultiDeviceSaver:
             raise
         record_incremental(snapshot, prefix_str, storage)  # the next one compares with this
         options.run_write_callbacks(prefix_str)
-        if isinstance(snapshot, StagedSnapshot) and snapshot.stager is not None:
+        if snapshot.stager is not None:
             # A bounded async save: the caller was blocked until the stager copied the last value.
             timing = snapshot.stager.caller_timing()
         stats = write_stats(prefix_str, written, timing, started)
@@ -373,7 +372,7 @@ class MultiDeviceSaver:
     def _shard(
         self, snapshot: SaveSnapshot, options: CheckpointOptions
     ) -> list[tuple[str, Shard]]:
-        if isinstance(snapshot, StagedSnapshot):
+        if snapshot.shards is not None:
             return list(snapshot.shards)  # cut on the caller's thread by a bounded async save
         policy: Callable[[Sequence[ShardableTensor]], Iterable[Shard]] = (
             options.sharding_policy or ShardByTaskPolicy()

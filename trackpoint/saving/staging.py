@@ -22,28 +22,24 @@ import logging
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trackpoint.errors import StagingAborted
+from trackpoint.errors import _StagingAborted
 from trackpoint.metrics import registry as metrics
 from trackpoint.saving.devices import DeviceValue
-from trackpoint.saving.snapshot import SaveSnapshot, as_array
+from trackpoint.saving.snapshot import as_array
 
 if TYPE_CHECKING:
     from trackpoint.bundle.slice_spec import TensorSlice
     from trackpoint.bundle.writer import BundleWriter
-    from trackpoint.saving.incremental import IncrementalPlan
     from trackpoint.saving.sharding import Shard
 
 __all__ = [
     "MIN_STAGING_BYTES",
-    "StagedSnapshot",
     "StagedValue",
     "Stager",
-    "StagingAborted",
     "payload_nbytes",
 ]
 
@@ -234,14 +230,17 @@ class Stager:
         return value
 
     # -- the caller's side ---------------------------------------------------------------
-    def stage(self, timing: metrics.WriteTiming) -> None:
+    def stage(self, timing: metrics.WriteTiming) -> bool:
         """Copy every value, in order; returns when all are copied.
 
         The caller's part of the save (``timing``, from ``metrics.begin_write()``) ends with
         the copying: :meth:`caller_timing` then has its blocking time.
 
+        Returns:
+            True once every value is copied; False if the write failed meanwhile (:meth:`abort`;
+            the write's error is reported by whoever ran the write).
+
         Raises:
-            CheckpointError: the write failed meanwhile (its error is the write's).
             Exception: copying a value failed; the write is then aborted too.
         """
         try:
@@ -263,8 +262,8 @@ class Stager:
                         self._publish(value, view, block, done=False)
                     self._finish(value)
                 self.staged_bytes += source.nbytes
-        except StagingAborted:
-            raise
+        except _StagingAborted:
+            return False
         except BaseException as exc:
             self.abort(exc)
             raise
@@ -274,6 +273,7 @@ class Stager:
             with self._cond:
                 self._timing = ended
                 self._cond.notify_all()
+        return True
 
     def caller_timing(self) -> metrics.WriteTiming:
         """The save's timing with its blocking part set; waits for :meth:`stage` to return."""
@@ -289,7 +289,7 @@ class Stager:
         with self._cond:
             while True:
                 if self._error is not None:
-                    raise StagingAborted(f"staging stopped: {self._error}")
+                    raise _StagingAborted(f"staging stopped: {self._error}")
                 position = self._head % capacity
                 pad = capacity - position if position + size > capacity else 0
                 end = self._head + pad + size
@@ -326,7 +326,7 @@ class Stager:
         with self._cond:
             while not value._done and not value._pieces:
                 if self._error is not None:
-                    raise StagingAborted(
+                    raise _StagingAborted(
                         f"staging stopped before a value was copied: {self._error}"
                     )
                 self._cond.wait()
@@ -347,16 +347,3 @@ class Stager:
                 self._error = error
             self._cond.notify_all()
 
-
-@dataclass(frozen=True, slots=True)
-class StagedSnapshot(SaveSnapshot):
-    """A snapshot whose shards are already cut and whose values arrive through a stager.
-
-    ``MultiDeviceSaver.save_snapshot`` writes ``shards`` as they are (no sharding policy runs
-    on the writer thread) and takes the blocking time from the stager.
-    """
-
-    shards: tuple[tuple[str, Shard], ...] = ()
-    stager: Stager | None = field(default=None, compare=False)
-    plan: IncrementalPlan | None = field(default=None, compare=False)
-    """An incremental save's plan (its linked files), made before staging."""
