@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test lint protos bench clean fuzz
+.PHONY: demo test test-fast lint protos bench clean fuzz
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ test: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	TRACKPOINT_REQUIRE_TENSORFLOW=1 $(PY) -m pytest -q
+
+# The suite without the tests marked `slow` (multi-process jobs, many crash trials, large
+# tensors), for quick iterations; `make test` runs every test, these included.
+test-fast: $(VENV)/.installed-dev
+	TRACKPOINT_REQUIRE_TENSORFLOW=1 $(PY) -m pytest -q -m "not slow"
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check trackpoint tests bench

@@ -1,6 +1,10 @@
 """Shared fixtures.
 
 ``corrupt(prefix, key)`` flips one byte of a stored value, whose crc32c then fails.
+``with deadline(seconds, what):`` turns a call that hangs (a FIFO opened for reading) into a
+failure, ``deadline.Hang``. ``background_process(code, *argv, ready=line)`` runs Python code
+in a second process (a writer holding a directory) until the test ends;
+``pid_seen_by_another_process(directory)`` asks a third one who holds a directory's lock.
 ``s3_endpoint``/``s3_bucket`` start a real S3-compatible server (moto) on loopback, once per
 session, for the fsspec storage and distributed tests. ``tf`` gives real TensorFlow for
 interoperability tests. Under ``make test`` (which sets
@@ -12,8 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -98,3 +106,85 @@ def _corrupt(prefix: str, key: str) -> None:
 def corrupt() -> Callable[[str, str], None]:
     """Flip one byte in the middle of ``key``'s stored value at ``prefix``."""
     return _corrupt
+
+
+class Hang(BaseException):  # noqa: N818 - not an Exception: nothing under test may catch it
+    """A call did not return before its deadline."""
+
+
+class Deadline:
+    """``with deadline(seconds, what):`` raises :class:`Hang` (``deadline.Hang``) in the main
+    thread after ``seconds``; a blocking ``open`` of a FIFO is interrupted by the signal
+    (PEP 475: the handler's exception ends the call). Main thread only (SIGALRM)."""
+
+    Hang = Hang
+
+    @contextmanager
+    def __call__(self, seconds: float = 20.0, what: str = "the call") -> Iterator[None]:
+        def expire(signum: int, frame: object) -> None:
+            raise Hang(f"{what} did not finish within {seconds} s")
+
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="session")  # stateless: safe in hypothesis tests
+def deadline() -> Deadline:
+    """Turns a hang into a failure: see :class:`Deadline`."""
+    return Deadline()
+
+
+@pytest.fixture
+def background_process() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """``background_process(code, *argv, ready=line)``: ``python -c code *argv`` in another
+    process, returned once it printed the line ``ready``; killed when the test ends (a test may
+    kill it sooner)."""
+    children: list[subprocess.Popen[str]] = []
+
+    def start(code: str, *argv: str, ready: str) -> subprocess.Popen[str]:
+        child = subprocess.Popen(
+            [sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, text=True
+        )
+        children.append(child)
+        assert child.stdout is not None
+        line = child.stdout.readline().strip()
+        assert line == ready, f"the background process printed {line!r} instead of {ready!r}"
+        return child
+
+    yield start
+    for child in children:
+        child.kill()
+        child.wait()
+        assert child.stdout is not None
+        child.stdout.close()
+
+
+_LOCK_PROBE = """
+import sys
+from trackpoint.storage import LocalStorage
+holder = LocalStorage().lock_holder(sys.argv[1])
+print(holder.pid if holder else 0)
+"""
+
+
+def _pid_seen_by_another_process(directory: Path) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", _LOCK_PROBE, str(directory)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return int(out.stdout)
+
+
+@pytest.fixture(scope="session")  # a pure function
+def pid_seen_by_another_process() -> Callable[[Path], int]:
+    """The pid of the process holding the writer lock of a local ``directory``, as a fresh
+    process sees it (``LocalStorage().lock_holder``); 0 when no live process holds it."""
+    return _pid_seen_by_another_process

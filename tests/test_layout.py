@@ -31,6 +31,7 @@ LAYERS = [
     "convert",
     "distributed",
     "cli",
+    "testing",  # above every layer: suites shipped for users (StorageTests), imported by none
 ]
 # Under every layer: the exceptions, the accepted input types, the GC pause.
 BASE_MODULES = ["__init__.py", "_gc.py", "_types.py", "errors.py"]

@@ -112,6 +112,15 @@ def test_no_name_leaks_from_the_package() -> None:
     assert leaked == []
 
 
+def test_dir_lists_the_public_api_only() -> None:
+    # What tab completion and help() offer: the layers' subpackages that importing the API
+    # makes attributes (tp.storage, tp.bundle, ...) and the module's own helpers are not API.
+    assert dir(tp) == sorted(DESIGN_NAMES + LAZY_MODULES)
+    for helper in ("typing", "TYPE_CHECKING", "annotations"):
+        assert not hasattr(tp, helper), helper
+    assert tp.storage.__name__ == "trackpoint.storage"  # still reachable, only not listed
+
+
 def test_star_import_gives_exactly_all() -> None:
     namespace: dict[str, object] = {}
     exec("from trackpoint import *", namespace)
@@ -151,6 +160,7 @@ def test_import_is_light_and_tp_jax_loads_on_demand() -> None:
         "import sys, trackpoint as tp\n"
         "assert 'jax' not in sys.modules and 'torch' not in sys.modules, 'eager import'\n"
         "assert not {'transformers', 'accelerate'} & set(sys.modules), 'eager HF import'\n"
+        "assert 'pytest' not in sys.modules, 'trackpoint.testing imported by the package'\n"
         "assert callable(tp.jax.restore)\n"
         "assert 'jax' in sys.modules\n"
     )

@@ -4,11 +4,15 @@
 ``tp.CheckpointManager``, ``tp.Variable`` and the inspection helpers. Framework integrations
 (PyTorch, JAX, numpy generators) load themselves the first time a checkpoint meets one of their
 objects, so importing trackpoint never imports torch or jax; ``tp.jax`` imports jax on first use.
+
+``dir(trackpoint)`` lists that API only, ``__all__`` and the lazily imported framework modules:
+the layers' subpackages (``trackpoint.storage``, ``trackpoint.bundle``, …), which importing the
+API makes attributes of the package, stay importable but are not offered as its API.
 """
 
 from __future__ import annotations
 
-import typing
+from typing import TYPE_CHECKING
 
 from trackpoint import errors, metrics
 from trackpoint import integrations as _integrations  # noqa: F401  (registers the adapters)
@@ -62,7 +66,7 @@ _LAZY_MODULES = {
 }
 
 
-if typing.TYPE_CHECKING:
+if TYPE_CHECKING:
     from types import ModuleType
 
 
@@ -75,3 +79,13 @@ def __getattr__(name: str) -> ModuleType:
         globals()[name] = module
         return module
     raise AttributeError(f"module 'trackpoint' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public API only (PEP 562): ``__all__`` and the lazily imported framework modules."""
+    return sorted([*__all__, *_LAZY_MODULES])
+
+
+# Bindings this module's own code used, not API: deleted so that ``tp.TYPE_CHECKING`` does not
+# resolve either (``annotations`` is the ``__future__`` import's binding).
+del TYPE_CHECKING, annotations

@@ -13,11 +13,9 @@ import copy
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,27 +43,6 @@ DEADLINE = 30.0  # seconds per call; a FIFO opened for reading blocks forever
 _NOT_REGULAR = ("fifo_index", "fifo_data", "dir_index", "dir_data", "loop_data")
 HAS_JAX = importlib.util.find_spec("jax") is not None
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-
-
-class Hang(BaseException):  # noqa: N818 - not an Exception: nothing under test may catch it
-    """A call did not return before its deadline."""
-
-
-@contextmanager
-def deadline(seconds: float, what: str) -> Iterator[None]:
-    """Raise :class:`Hang` in this (main) thread after ``seconds``; a blocking ``open`` of a
-    FIFO is interrupted by the signal (PEP 475: the handler's exception ends the call)."""
-
-    def expire(signum: int, frame: object) -> None:
-        raise Hang(f"{what} did not finish within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +178,7 @@ def _note(item: CorpusItem) -> str:
 
 
 @pytest.mark.parametrize("name", list(ITEMS))
-def test_library_readers(corpus: dict[str, CorpusItem], name: str) -> None:
+def test_library_readers(corpus: dict[str, CorpusItem], name: str, deadline) -> None:
     item = corpus[name]
     failures = []
     for reader_name, read in READERS.items():
@@ -219,7 +196,7 @@ def test_library_readers(corpus: dict[str, CorpusItem], name: str) -> None:
                 and ("not a regular file" not in str(exc))
             ):
                 failures.append(f"{reader_name}: unclear message {exc}")
-        except (AssertionError, Hang) as exc:
+        except (AssertionError, deadline.Hang) as exc:
             failures.append(f"{reader_name}: {exc}")
         except Exception as exc:  # noqa: BLE001 - anything else is the failure we look for
             failures.append(f"{reader_name} raised {type(exc).__name__}: {str(exc)[:200]}")
@@ -233,7 +210,7 @@ def test_library_readers(corpus: dict[str, CorpusItem], name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(ITEMS))
-def test_manager(tmp_path: Path, name: str) -> None:
+def test_manager(tmp_path: Path, name: str, deadline) -> None:
     item = build_item(name, tmp_path)
     victim_files = (
         {p.name: p.read_bytes() for p in item.victim.iterdir() if p.is_file()}
@@ -259,7 +236,7 @@ def test_manager(tmp_path: Path, name: str) -> None:
             failure = f"raised on a benign item: {exc!r}"
         elif not _same(live, before):
             failure = f"raised {exc!r} after changing {live}"
-    except (AssertionError, Hang) as exc:
+    except (AssertionError, deadline.Hang) as exc:
         failure = str(exc)
     except Exception as exc:  # noqa: BLE001
         failure = f"raised {type(exc).__name__}: {str(exc)[:200]}"
@@ -320,8 +297,8 @@ def _check_cli(item: CorpusItem, command: str, argv: list[str], code: int, out: 
 
 
 @pytest.mark.parametrize("name", list(ITEMS))
-def test_cli_commands(corpus: dict[str, CorpusItem], reference: str, name: str,
-                      tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_cli_commands(corpus: dict[str, CorpusItem], reference: str, name: str, tmp_path: Path,
+                      capsys: pytest.CaptureFixture[str], deadline) -> None:  # fmt: skip
     item = corpus[name]
     problems = []
     for command in sorted(CLI_ALL):
@@ -333,7 +310,7 @@ def test_cli_commands(corpus: dict[str, CorpusItem], reference: str, name: str,
             try:
                 with deadline(DEADLINE, f"trackpoint {' '.join(argv)}"):
                     code = main(argv)
-            except Hang as exc:
+            except deadline.Hang as exc:
                 problems.append(str(exc))
                 continue
             captured = capsys.readouterr()

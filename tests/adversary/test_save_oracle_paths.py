@@ -418,6 +418,7 @@ def test_a_checkpoint_leaves_a_jax_tree_a_pytree(tmp_path) -> None:
 # -- jax.distributed processes: one fixed job (processes are too slow for hypothesis) ------------
 
 
+@pytest.mark.slow  # jax.distributed processes: ~24 s
 def test_jax_distributed_processes_save_the_global_values_at_each_call(tmp_path) -> None:
     """Two ``jax.distributed`` processes (2 CPU devices each) save global arrays sharded
     several ways: sync, then async after ``ckpt.params = new`` (rebound again right after the

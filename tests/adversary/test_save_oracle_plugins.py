@@ -197,6 +197,7 @@ def keras_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
     return runs
 
 
+@pytest.mark.slow  # keras_runs fits twice: ~27 s
 def test_keras_checkpoints_hold_the_variables_at_each_epochs_end(keras_runs) -> None:
     for run in keras_runs:  # a synchronous and an asynchronous run
         assert len(run["epochs"]) == 3
@@ -229,6 +230,7 @@ def test_keras_checkpoints_hold_the_variables_at_each_epochs_end(keras_runs) -> 
             assert present == wanted, (sorted(present - wanted), sorted(wanted - present))
 
 
+@pytest.mark.slow  # keras_runs
 def test_known_27_16_keras_torch_backend_saves_torch_rng_at_the_call(keras_runs) -> None:
     """#16 (the lead's, integrations/keras*): on the torch backend unseeded Dropout draws from
     torch's global generator, so its state at the call is reachable state the checkpoint must

@@ -11,6 +11,7 @@ import trackpoint as tp
 from trackpoint.cli.main import main
 
 
+@pytest.mark.slow  # two demo processes per backend, one killed: 17-50 s each here
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_demo_resumes_after_sigkill_with_identical_weights(tmp_path, capsys, backend):
     if backend == "torch":

@@ -42,6 +42,7 @@ def losses(output: str) -> dict[int, str]:
     return {int(s): loss for s, loss in re.findall(r"step (\d+): loss (\S+),", output)}
 
 
+@pytest.mark.slow  # trains on 2 gloo ranks, resumes on 1: ~85 s
 def test_example_trains_on_2_ranks_and_resumes_on_1(tmp_path: Path) -> None:
     directory = str(tmp_path / "run")
     first = torchrun(2, "--dir", directory, "--steps", "6", "--save-every", "3")

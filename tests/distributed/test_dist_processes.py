@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("torch")
+# Every test runs gloo process groups or reads the checkpoints of the 4-rank run (a module
+# fixture, ~45 s on a loaded 2-core machine); each took 18 s or more there.
+pytestmark = pytest.mark.slow
 
 import jobs  # noqa: E402
 from dist_helpers import DT, build, key, launch, reference, report  # noqa: E402

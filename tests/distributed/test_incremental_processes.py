@@ -214,6 +214,7 @@ def _check_alone(tf: Any, second: Path) -> None:
         np.testing.assert_array_equal(reader.get_tensor(key), ours.get_tensor(key), err_msg=key)
 
 
+@pytest.mark.slow  # 2 gloo ranks: ~24 s
 def test_gloo_ranks_link_unchanged_files_and_tensorflow_reads_the_result(
     tmp_path: Path, tf: Any
 ) -> None:
@@ -230,6 +231,7 @@ def test_gloo_ranks_link_unchanged_files_and_tensorflow_reads_the_result(
     assert reader.get_variable_to_shape_map()["model/emb/.ATTRIBUTES/VARIABLE_VALUE"] == list(EMB)
 
 
+@pytest.mark.slow  # 2 jax processes: ~26 s
 def test_jax_processes_link_the_same_arrays_and_tensorflow_reads_the_result(
     tmp_path: Path, tf: Any
 ) -> None:

@@ -59,6 +59,7 @@ def saved_by_4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any
     return workdir, [p.result for p in results]
 
 
+@pytest.mark.slow  # the 4-process fixture: ~75 s on a loaded 2-core machine
 def test_4_processes_save_global_arrays_and_an_nnx_model_into_one_checkpoint(
     saved_by_4: tuple[Path, list[Any]],
 ) -> None:
@@ -99,6 +100,7 @@ def test_4_processes_save_global_arrays_and_an_nnx_model_into_one_checkpoint(
     assert len(index.ranges("arrays/whole/.ATTRIBUTES/VARIABLE_VALUE")) == 1
 
 
+@pytest.mark.slow  # the 4-process fixture
 def test_4_processes_restore_into_other_shardings(saved_by_4: tuple[Path, list[Any]]) -> None:
     _, results = saved_by_4
     for res in results:
@@ -107,6 +109,7 @@ def test_4_processes_restore_into_other_shardings(saved_by_4: tuple[Path, list[A
         assert not restored["fully_addressable"] and restored["rows_local_shards"] == 2
 
 
+@pytest.mark.slow  # the 4-process fixture, then 1-2 processes
 @pytest.mark.parametrize("count", [2, 1])
 def test_checkpoint_of_4_processes_restores_on_fewer(
     saved_by_4: tuple[Path, list[Any]], count: int
@@ -120,6 +123,7 @@ def test_checkpoint_of_4_processes_restores_on_fewer(
         assert res["fully_addressable"] == (count == 1)
 
 
+@pytest.mark.slow  # 4 processes, one killed: ~52 s
 def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
     results = launch("kill", 4, tmp_path)
     assert results[KILL_PROCESS].returncode == -9, jobs.report(results)
@@ -161,6 +165,7 @@ def test_jax_processes_save_and_restore_without_torch(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow  # 2 processes, 3 saves: ~24 s
 def test_rebinding_attributes_of_the_distributed_checkpoint_saves_the_new_values(
     tmp_path: Path,
 ) -> None:
@@ -174,6 +179,7 @@ def test_rebinding_attributes_of_the_distributed_checkpoint_saves_the_new_values
         assert res["wrapper_reads_the_wrapped"] is True
 
 
+@pytest.mark.slow  # 2 processes: ~27 s
 def test_values_differing_between_processes_are_refused_and_per_process_ones_kept(
     tmp_path: Path,
 ) -> None:

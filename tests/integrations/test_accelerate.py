@@ -48,6 +48,7 @@ def killed_and_resumed(tmp_path_factory):
     return root, after_crash
 
 
+@pytest.mark.slow  # its fixture trains, kills and resumes Accelerate processes: ~62 s here
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_accelerate_killed_mid_save_resumes_bit_for_bit(killed_and_resumed, kind):
     root, after_crash = killed_and_resumed

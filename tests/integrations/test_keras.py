@@ -25,6 +25,7 @@ def _checkpoints(names: list[str]) -> list[int]:
     return sorted(int(n[len("ckpt-"):-len(".index")]) for n in names if n.endswith(".index"))
 
 
+@pytest.mark.slow  # fits in fresh processes: ~56-67 s each here
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_keras_fit_resumed_in_a_fresh_process_matches_uninterrupted_fit(tmp_path, backend):
     pytest.importorskip("keras")

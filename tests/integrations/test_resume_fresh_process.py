@@ -31,6 +31,7 @@ def _jax_recorded(files: list[str]) -> None:
     assert len(files) > 10  # params, Adam's mu/nu/count, step, key
 
 
+@pytest.mark.slow  # training runs in fresh processes: ~21 s each here
 @pytest.mark.parametrize(
     ("worker", "modules", "recorded"),
     [

@@ -54,6 +54,7 @@ def killed_and_resumed(tmp_path_factory):
     return root, after_crash
 
 
+@pytest.mark.slow  # its fixture trains, kills and resumes Trainer processes: ~68 s here
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_trainer_killed_mid_save_resumes_bit_for_bit(killed_and_resumed, kind):
     root, after_crash = killed_and_resumed
@@ -158,6 +159,7 @@ def test_refuses_push_to_hub_and_bad_options(tmp_path):
         trainer.train(resume_from_checkpoint=True)
 
 
+@pytest.mark.slow  # two Trainer runs: ~13 s here
 def test_directories_trainer_wrote_itself_still_resume(tmp_path):
     data = common.TokenData()
     plain = transformers.Trainer(model=common.build_model("gpt2", seed=0),

@@ -135,6 +135,7 @@ print(tp.latest_checkpoint(sys.argv[1]))
 """
 
 
+@pytest.mark.slow  # Keras fits (and its import): ~18 s here
 def test_the_keras_callback_fits_again_after_an_interrupted_fit(tmp_path: Path) -> None:
     pytest.importorskip("keras")
     pytest.importorskip("jax")

@@ -8,8 +8,7 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,37 +32,13 @@ print("saved", flush=True)
 time.sleep(120)
 """
 
-_PROBE = """
-import sys
-from trackpoint.storage import LocalStorage
-holder = LocalStorage().lock_holder(sys.argv[1])
-print(holder.pid if holder else 0)
-"""
-
 
 @pytest.fixture
-def job(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+def job(
+    tmp_path: Path, background_process: Callable[..., subprocess.Popen[str]]
+) -> subprocess.Popen[str]:
     """Another process whose manager holds ``tmp_path / "run"`` and saved ckpt-1 there."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", _JOB, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True
-    )
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "saved"
-    yield child
-    child.kill()
-    child.wait()
-    child.stdout.close()
-
-
-def _pid_seen_by_another_process(directory: Path) -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(directory)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    return int(out.stdout)
+    return background_process(_JOB, str(tmp_path / "run"), ready="saved")
 
 
 class _NotCommitting:
@@ -79,7 +54,9 @@ class _NotCommitting:
 
 
 def test_a_second_writer_fails_fast_naming_the_holder_and_takes_over_after_sigkill(
-    tmp_path: Path, job: subprocess.Popen[str]
+    tmp_path: Path,
+    job: subprocess.Popen[str],
+    pid_seen_by_another_process: Callable[[Path], int],
 ) -> None:
     run = tmp_path / "run"
     w = np.zeros(3)
@@ -108,7 +85,7 @@ def test_a_second_writer_fails_fast_naming_the_holder_and_takes_over_after_sigki
     with tp.CheckpointManager(fresh, run, max_to_keep=3) as manager:
         assert manager.restore_or_initialize() == str(run / "ckpt-1")
         assert manager.save() == str(run / "ckpt-2")
-        assert _pid_seen_by_another_process(run) == os.getpid()
+        assert pid_seen_by_another_process(run) == os.getpid()
     assert manager.checkpoints == [str(run / "ckpt-1"), str(run / "ckpt-2")]
     assert tp.latest_checkpoint(run) == str(run / "ckpt-2")
 
@@ -170,7 +147,9 @@ def test_checkpoint_save_of_a_fresh_checkpoint_never_replaces_a_checkpoint(
     assert fresh.save(prefix) == f"{prefix}-2"
 
 
-def test_saves_of_one_process_share_the_lock(tmp_path: Path) -> None:
+def test_saves_of_one_process_share_the_lock(
+    tmp_path: Path, pid_seen_by_another_process: Callable[[Path], int]
+) -> None:
     ckpt = tp.Checkpoint(w=np.arange(3.0))
     first = tp.CheckpointManager(ckpt, tmp_path, max_to_keep=None)
     paths = [first.save(), ckpt.save(tmp_path / "ckpt")]
@@ -182,7 +161,7 @@ def test_saves_of_one_process_share_the_lock(tmp_path: Path) -> None:
     assert second.save() == str(tmp_path / "ckpt-3")
     second.close()
     # The Checkpoint that saved into the directory still holds it, until it is collected.
-    assert _pid_seen_by_another_process(tmp_path) == os.getpid()
+    assert pid_seen_by_another_process(tmp_path) == os.getpid()
     del ckpt, first, second
     gc.collect()
     assert not (tmp_path / LOCK_FILENAME).exists()

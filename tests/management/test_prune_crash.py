@@ -111,6 +111,7 @@ def test_sigkill_at_each_step_of_pruning_leaves_a_state_file_naming_existing_che
     assert _assert_state_names_only_existing_checkpoints(tmp_path)[-1] > 2
 
 
+@pytest.mark.slow  # many crash trials: ~12 s here
 def test_sigkill_at_random_moments_never_leaves_the_state_file_naming_a_deleted_checkpoint(
     tmp_path: Path,
 ) -> None:

@@ -127,6 +127,7 @@ def _run_trials(directory: str, trials: int, seed: int) -> int:
     return len(checked)
 
 
+@pytest.mark.slow  # many crash trials: ~46 s here
 def test_sigkill_during_save_loop_never_leaves_a_broken_checkpoint(tmp_path) -> None:  # noqa: ANN001
     directory = str(tmp_path)
     # TRACKPOINT_CRASH_TRIALS=1000 turns this into a soak test.
@@ -170,6 +171,7 @@ def _assert_incremental(prefix: str, number: int) -> None:
     assert int(got["save_counter/.ATTRIBUTES/VARIABLE_VALUE"]) == number, prefix
 
 
+@pytest.mark.slow  # many crash trials: ~17 s here
 def test_sigkill_during_incremental_manager_saves_keeps_every_checkpoint_valid(tmp_path) -> None:  # noqa: ANN001
     """Hard links, the manager's deletions and restarts (restore, then link from the restored
     checkpoint) at random kill points: every checkpoint that exists reads back exactly, and

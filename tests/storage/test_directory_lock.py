@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,44 +39,22 @@ print("locked", flush=True)
 time.sleep(120)
 """
 
-_PROBE = """
-import sys
-from trackpoint.storage import LocalStorage
-holder = LocalStorage().lock_holder(sys.argv[1])
-print(holder.pid if holder else 0)
-"""
-
 
 @pytest.fixture
-def holder_process(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+def holder_process(
+    tmp_path: Path, background_process: Callable[..., subprocess.Popen[str]]
+) -> subprocess.Popen[str]:
     """A second process holding the lock of ``tmp_path / "dir"`` until killed."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", _HOLD, str(tmp_path / "dir")], stdout=subprocess.PIPE, text=True
-    )
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "locked"
-    yield child
-    child.kill()
-    child.wait()
-    child.stdout.close()
-
-
-def _pid_seen_by_another_process(directory: Path) -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(directory)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    return int(out.stdout)
+    return background_process(_HOLD, str(tmp_path / "dir"), ready="locked")
 
 
 # -- local disks -------------------------------------------------------------------------------
 
 
 def test_second_process_fails_fast_naming_the_holder_then_takes_over_after_sigkill(
-    tmp_path: Path, holder_process: subprocess.Popen[str]
+    tmp_path: Path,
+    holder_process: subprocess.Popen[str],
+    pid_seen_by_another_process: Callable[[Path], int],
 ) -> None:
     directory = tmp_path / "dir"
     storage = LocalStorage()
@@ -99,9 +77,9 @@ def test_second_process_fails_fast_naming_the_holder_then_takes_over_after_sigki
         recorded = json.loads((directory / LOCK_FILENAME).read_text())
         assert recorded["pid"] == os.getpid() == lock.holder.pid
         assert lock.exclusive
-        assert _pid_seen_by_another_process(directory) == os.getpid()
+        assert pid_seen_by_another_process(directory) == os.getpid()
     assert not (directory / LOCK_FILENAME).exists()  # removed on release
-    assert _pid_seen_by_another_process(directory) == 0
+    assert pid_seen_by_another_process(directory) == 0
 
 
 def test_handles_of_one_process_share_the_lock_until_the_last_is_released(

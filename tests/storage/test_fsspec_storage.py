@@ -1,4 +1,5 @@
-"""FsspecStorage specifics: URL path helpers, whole-object commits, error mapping."""
+"""FsspecStorage: the conformance suite (fsspec's ``memory://`` and S3 on a moto server), then
+its specifics: URL path helpers, whole-object commits, error mapping."""
 
 from __future__ import annotations
 
@@ -11,9 +12,48 @@ from typing import Any
 import pytest
 
 from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
-from trackpoint.storage import FsspecStorage
+from trackpoint.storage import FsspecStorage, Storage
+from trackpoint.testing import StorageTests
 
 fsspec = pytest.importorskip("fsspec")
+
+
+class TestFsspecMemoryStorage(StorageTests):
+    atomic_rename = False
+
+    @pytest.fixture
+    def storage(self) -> Storage:
+        return FsspecStorage(fsspec.filesystem("memory"))
+
+    @pytest.fixture
+    def root(self, storage: Storage) -> Iterator[str]:
+        root = f"memory://trackpoint-{uuid.uuid4().hex}"
+        storage.makedirs(root)
+        yield root
+        storage.remove_tree(root)
+
+
+class TestFsspecS3Storage(StorageTests):
+    """FsspecStorage on a real S3 protocol server (moto); needs s3fs."""
+
+    atomic_rename = False
+
+    @pytest.fixture
+    def storage(self, s3_endpoint: str) -> Storage:
+        s3fs = pytest.importorskip("s3fs")
+        fs = s3fs.S3FileSystem(
+            key="testing",
+            secret="testing",
+            client_kwargs={"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+            skip_instance_cache=True,
+        )
+        return FsspecStorage(fs)
+
+    @pytest.fixture
+    def root(self, storage: Storage, s3_bucket: str) -> Iterator[str]:
+        root = f"s3://{s3_bucket}/{uuid.uuid4().hex}"
+        yield root
+        storage.remove_tree(root)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""LocalStorage specifics: fsync, mmap zero-copy reads, unbuffered big writes, OSError mapping."""
+"""LocalStorage: the conformance suite (plain paths and ``file://`` URLs), then its specifics:
+fsync, mmap zero-copy reads, unbuffered big writes, OSError mapping."""
 
 from __future__ import annotations
 
@@ -12,7 +13,28 @@ import numpy as np
 import pytest
 
 from trackpoint.errors import CheckpointError, DataLossError, NotFoundError
-from trackpoint.storage import LocalStorage
+from trackpoint.storage import LocalStorage, Storage
+from trackpoint.testing import StorageTests
+
+
+class TestLocalStorage(StorageTests):
+    @pytest.fixture
+    def storage(self) -> Storage:
+        return LocalStorage()
+
+    @pytest.fixture
+    def root(self, storage: Storage, tmp_path_factory: pytest.TempPathFactory) -> str:
+        return str(tmp_path_factory.mktemp("local"))
+
+
+class TestLocalStorageFileUrls(StorageTests):
+    @pytest.fixture
+    def storage(self) -> Storage:
+        return LocalStorage(fsync=False)
+
+    @pytest.fixture
+    def root(self, storage: Storage, tmp_path_factory: pytest.TempPathFactory) -> str:
+        return "file://" + str(tmp_path_factory.mktemp("local-url"))
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""MemoryStorage specifics: fault injection, local vs object-store behaviour, fsync accounting."""
+"""MemoryStorage: the conformance suite (as a local disk and as an object store), then its
+specifics: fault injection, local vs object-store behaviour, fsync accounting."""
 
 from __future__ import annotations
 
@@ -7,7 +8,31 @@ import errno
 import pytest
 
 from trackpoint.errors import CheckpointError, NotFoundError
-from trackpoint.storage import MemoryStorage
+from trackpoint.storage import MemoryStorage, Storage
+from trackpoint.testing import StorageTests
+
+
+class TestMemoryStorage(StorageTests):
+    @pytest.fixture
+    def storage(self) -> Storage:
+        return MemoryStorage()
+
+    @pytest.fixture
+    def root(self, storage: Storage) -> str:
+        storage.makedirs("/work/ckpt")
+        return "/work/ckpt"
+
+
+class TestMemoryStorageObjectStoreMode(StorageTests):
+    atomic_rename = False
+
+    @pytest.fixture
+    def storage(self) -> Storage:
+        return MemoryStorage(supports_atomic_rename=False)
+
+    @pytest.fixture
+    def root(self, storage: Storage) -> str:
+        return "bucket/ckpt"
 
 
 @pytest.fixture

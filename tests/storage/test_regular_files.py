@@ -9,10 +9,8 @@ Symbolic links are followed as TensorFlow follows them; a dangling one is ``NotF
 from __future__ import annotations
 
 import os
-import signal
 import socket
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,26 +20,6 @@ import trackpoint as tp
 from trackpoint.errors import DataLossError, NotFoundError
 from trackpoint.storage import LocalStorage
 from trackpoint.storage.lock import local_lock_holder, lock_local_directory
-
-
-class Hang(BaseException):  # noqa: N818 - nothing under test may catch it
-    pass
-
-
-@contextmanager
-def deadline(seconds: float = 20.0) -> Iterator[None]:
-    """A blocking open(2) is interrupted by SIGALRM and the handler's exception ends it."""
-
-    def expire(signum: int, frame: object) -> None:
-        raise Hang(f"did not finish within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _socket(path: Path) -> socket.socket:
@@ -61,7 +39,7 @@ def _socket(path: Path) -> socket.socket:
     ids=["fifo", "directory", "symlink-loop", "device"],
 )
 def test_only_regular_files_are_opened(
-    tmp_path: Path, make: Callable[[str], object], kind: str
+    tmp_path: Path, make: Callable[[str], object], kind: str, deadline
 ) -> None:
     path = str(tmp_path / "thing")
     make(path)
@@ -74,13 +52,21 @@ def test_only_regular_files_are_opened(
     assert storage.describe(path) == kind
 
 
-def test_a_socket_is_refused(tmp_path: Path) -> None:
+def test_the_deadline_interrupts_a_blocking_open(tmp_path: Path, deadline) -> None:
+    # What every test here relies on: a reader that blocks fails the test, not the suite.
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(deadline.Hang, match="open of a FIFO did not finish within 0.2 s"):
+        with deadline(0.2, "open of a FIFO"):
+            open(tmp_path / "fifo", "rb")  # blocks: no writer ever comes
+
+
+def test_a_socket_is_refused(tmp_path: Path, deadline) -> None:
     path = tmp_path / "sock"
     with _socket(path), deadline(), pytest.raises(DataLossError, match="is a socket"):
         LocalStorage().read_bytes(str(path))
 
 
-def test_a_fifo_url_keeps_the_callers_spelling(tmp_path: Path) -> None:
+def test_a_fifo_url_keeps_the_callers_spelling(tmp_path: Path, deadline) -> None:
     os.mkfifo(tmp_path / "f")
     url = f"file://{tmp_path}/f"
     with deadline(), pytest.raises(DataLossError) as info:
@@ -104,7 +90,7 @@ def test_symlinks_are_followed_and_a_dangling_one_is_not_found(tmp_path: Path) -
     assert storage.describe(str(tmp_path / "missing")) == "a missing path"
 
 
-def test_a_fifo_data_file_fails_the_reader_instead_of_hanging(tmp_path: Path) -> None:
+def test_a_fifo_data_file_fails_the_reader_instead_of_hanging(tmp_path: Path, deadline) -> None:
     prefix = tp.Checkpoint(model={"w": np.arange(3.0)}).write(str(tmp_path / "ckpt"))
     data = Path(prefix + ".data-00000-of-00001")
     data.unlink()
@@ -118,7 +104,7 @@ def test_a_fifo_data_file_fails_the_reader_instead_of_hanging(tmp_path: Path) ->
     assert not live["w"].any()
 
 
-def test_a_fifo_index_or_state_file_fails_instead_of_hanging(tmp_path: Path) -> None:
+def test_a_fifo_index_or_state_file_fails_instead_of_hanging(tmp_path: Path, deadline) -> None:
     prefix = tp.Checkpoint(model={"w": np.arange(3.0)}).save(str(tmp_path / "ckpt"))
     Path(prefix + ".index").unlink()
     os.mkfifo(prefix + ".index")
@@ -131,7 +117,7 @@ def test_a_fifo_index_or_state_file_fails_instead_of_hanging(tmp_path: Path) -> 
         tp.get_checkpoint_state(str(tmp_path))
 
 
-def test_a_fifo_lock_file_neither_hangs_the_probe_nor_the_writer(tmp_path: Path) -> None:
+def test_a_fifo_lock_file_neither_hangs_the_probe_nor_the_writer(tmp_path: Path, deadline) -> None:
     os.mkfifo(tmp_path / ".trackpoint.lock")
     with deadline():
         assert local_lock_holder(str(tmp_path)) is None
@@ -139,7 +125,9 @@ def test_a_fifo_lock_file_neither_hangs_the_probe_nor_the_writer(tmp_path: Path)
         lock_local_directory(str(tmp_path))
 
 
-def test_link_copy_fallback_refuses_a_fifo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_link_copy_fallback_refuses_a_fifo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deadline
+) -> None:
     import errno
 
     os.mkfifo(tmp_path / "src")

@@ -23,12 +23,8 @@ from trackpoint.tracking.base import (
     TrackableReference,
     has_values,
 )
-from trackpoint.tracking.containers import (
-    ListWrapper,
-    NoDependency,
-    TrackableDataStructure,
-    wrap_or_unwrap,
-)
+from trackpoint.tracking.containers import NoDependency, TrackableDataStructure, wrap_or_unwrap
+from trackpoint.tracking.lists import ListWrapper
 from trackpoint.tracking.mappings import DictWrapper, TupleWrapper
 from trackpoint.tracking.parallel import ParallelVariable
 from trackpoint.tracking.python_state import PYTHON_STATE, PythonState

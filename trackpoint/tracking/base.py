@@ -26,8 +26,6 @@ from trackpoint.errors import InvalidArgumentError
 if TYPE_CHECKING:
     import numpy as np
 
-    from trackpoint.tracking.variable import Variable
-
 __all__ = [
     "VARIABLE_VALUE_KEY",
     "DeferredRestoration",
@@ -38,6 +36,7 @@ __all__ = [
     "batch_hook",
     "has_values",
     "next_restore_uid",
+    "register_variable_type",
 ]
 
 VARIABLE_VALUE_KEY = "VARIABLE_VALUE"
@@ -51,6 +50,18 @@ _restore_uids = itertools.count(1)
 def next_restore_uid() -> int:
     """A fresh restore uid, larger than every uid handed out before."""
     return next(_restore_uids)
+
+
+# The class Trackable._add_variable creates: ``Variable``, a Trackable defined above this module
+# (tracking/variable.py), which registers itself there as it registers the ndarray adapter, so
+# this module never imports it (no import circle). A one-entry registry (STYLE.md §1).
+_variable_types: dict[str, Callable[..., Trackable]] = {}
+
+
+def register_variable_type(variable_type: Callable[..., Trackable]) -> None:
+    """Make ``variable_type`` (called as ``variable_type(value, dtype=, name=)``) the class of
+    the variables :meth:`Trackable._add_variable` creates."""
+    _variable_types["variable"] = variable_type
 
 
 class TrackableReference(NamedTuple):
@@ -301,16 +312,18 @@ class Trackable:
         dtype: Any = None,
         shape: tuple[int, ...] | None = None,
         overwrite: bool = False,
-    ) -> Variable:
+    ) -> Trackable:
         """Create a variable child named ``name``, restoring it on creation if a restore waits.
 
         If a pending restore has a value for ``name``, the variable is created with the saved
         shape and the saved value (the initial value is not evaluated); otherwise from
         ``initial_value`` (zeros of ``shape`` if None).
+
+        Returns:
+            the new ``trackpoint.Variable`` (typed as a Trackable: ``Variable`` is defined
+            above this module).
         """
         import numpy as np
-
-        from trackpoint.tracking.variable import Variable
 
         spec = self._preload_spec(name)
         if spec is not None:
@@ -325,7 +338,7 @@ class Trackable:
             value = np.zeros(shape or (), dtype=dtype if dtype is not None else np.float32)
         else:
             value = initial_value() if callable(initial_value) else initial_value
-        variable = Variable(value, dtype=dtype, name=name)
+        variable = _variable_types["variable"](value, dtype=dtype, name=name)
         new_name = name not in self._self_dependency_names
         try:
             self._track_trackable(variable, name, overwrite=overwrite)

@@ -2,7 +2,8 @@
 
 A dict's values are tracked under their string keys; a tuple's elements under their index and,
 for a namedtuple, also under the field name (semantics B11). Plain entries are saved as one
-JSON value per container, as ``containers.py`` describes.
+JSON value per container, as ``containers.py`` describes. Importing this module registers both
+wrappers with ``containers.register_wrapper``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trackpoint.tracking.containers import (
     TrackableDataStructure,
     holds_trackable,
     is_tracked_value,
+    register_wrapper,
     sticky_attribute_assignment,
     wrap_or_unwrap,
 )
@@ -34,7 +36,7 @@ from trackpoint.tracking.plain_values import (
     merge_plain,
     updates_by_index,
 )
-from trackpoint.tracking.views import source_of
+from trackpoint.tracking.views import made_from, source_of
 
 __all__ = ["DictWrapper", "TupleWrapper", "wrap_tuple"]
 
@@ -464,3 +466,11 @@ def wrap_tuple(value: tuple[Any, ...]) -> TupleWrapper:
     if isinstance(value, TupleWrapper):
         return value
     return TupleWrapper(value)
+
+
+def _wrap_dict(value: dict[Any, Any]) -> DictWrapper:
+    return made_from(DictWrapper(value), value)  # never written into the user's containers
+
+
+register_wrapper(dict, _wrap_dict)
+register_wrapper(tuple, wrap_tuple)

@@ -21,7 +21,7 @@ import numpy as np
 
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.tracking.adapters import register_adapter
-from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
+from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, register_variable_type
 from trackpoint.tracking.string_values import (
     check_string_elements,
     fit_strings,
@@ -337,3 +337,4 @@ def _adapted(variable: Variable, array: np.ndarray) -> Variable:
 
 
 register_adapter(np.ndarray, Variable.wrap, many=Variable.wrap_all)
+register_variable_type(Variable)  # what Trackable._add_variable creates

@@ -1,34 +1,64 @@
-"""One conformance suite (``StorageTests``) run against every storage backend.
+"""The storage conformance suite: ``StorageTests``, for every ``Storage`` implementation.
 
-Each subclass provides a ``storage`` and an existing, empty ``root`` directory in that
-storage's path syntax; the tests only use the ``Storage`` interface.
+trackpoint runs it against its own backends (``LocalStorage``, ``MemoryStorage``,
+``FsspecStorage``); a third-party storage subclasses it to show it keeps the contract the saver
+and the reader rely on (docs/storage.md). As zarr ships ``zarr.testing.store.StoreTests``.
+
+This is the one module of trackpoint that imports pytest; ``import trackpoint`` never imports
+it.
 """
 
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from trackpoint.errors import CheckpointError, DataLossError, NotFoundError
-from trackpoint.storage import FsspecStorage, LocalStorage, MemoryStorage, Storage
+from trackpoint.storage import Storage
+
+__all__ = ["StorageTests"]
 
 
 class StorageTests:
-    """Behaviour every ``Storage`` must have. Subclasses set the fixtures and the flag."""
+    """Behaviour every :class:`~trackpoint.storage.Storage` must have, as pytest tests.
+
+    Subclass it in a test module under a name pytest collects (``Test…``) and override the two
+    fixtures; set :attr:`atomic_rename` to what the storage declares. The tests only call the
+    ``Storage`` interface, each in a fresh ``root``; they write a few MB at most.
+
+    Example::
+
+        class TestMyStorage(StorageTests):
+            atomic_rename = False  # an object store
+
+            @pytest.fixture
+            def storage(self) -> Storage:
+                return MyStorage(bucket="test")
+
+            @pytest.fixture
+            def root(self, storage: Storage) -> str:
+                return f"my://test/{uuid.uuid4().hex}"  # an empty directory, in its syntax
+    """
 
     atomic_rename: bool = True
+    """The ``supports_atomic_rename`` the storage under test must declare: False for object
+    stores, whose ``replace`` may copy and whose atomic writes upload whole objects."""
 
     @pytest.fixture
     def storage(self) -> Storage:
-        raise NotImplementedError
+        """The storage under test (override)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must override the `storage` fixture with the Storage to test"
+        )
 
     @pytest.fixture
     def root(self, storage: Storage) -> str:
-        raise NotImplementedError
+        """An existing, empty directory in ``storage``'s path syntax, one per test (override)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must override the `root` fixture with an empty directory"
+        )
 
     # -- capabilities -------------------------------------------------------------------
     def test_supports_atomic_rename(self, storage: Storage) -> None:
@@ -220,7 +250,7 @@ class StorageTests:
 
         def write(name: str, array: np.ndarray) -> None:
             try:
-                storage.write_bytes(storage.join(root, name), array)
+                storage.write_bytes(storage.join(root, name), memoryview(array))
             except BaseException as exc:  # collected and re-checked in the main thread
                 errors.append(exc)
 
@@ -246,85 +276,3 @@ class StorageTests:
         reader.close()
         expected = payloads["shard-3"].tobytes()
         assert results == {i: expected[i * 4000 : (i + 1) * 4000] for i in range(8)}
-
-
-class TestLocalStorage(StorageTests):
-    @pytest.fixture
-    def storage(self) -> Storage:
-        return LocalStorage()
-
-    @pytest.fixture
-    def root(self, storage: Storage, tmp_path_factory: pytest.TempPathFactory) -> str:
-        return str(tmp_path_factory.mktemp("local"))
-
-
-class TestLocalStorageFileUrls(StorageTests):
-    @pytest.fixture
-    def storage(self) -> Storage:
-        return LocalStorage(fsync=False)
-
-    @pytest.fixture
-    def root(self, storage: Storage, tmp_path_factory: pytest.TempPathFactory) -> str:
-        return "file://" + str(tmp_path_factory.mktemp("local-url"))
-
-
-class TestMemoryStorage(StorageTests):
-    @pytest.fixture
-    def storage(self) -> Storage:
-        return MemoryStorage()
-
-    @pytest.fixture
-    def root(self, storage: Storage) -> str:
-        storage.makedirs("/work/ckpt")
-        return "/work/ckpt"
-
-
-class TestMemoryStorageObjectStoreMode(StorageTests):
-    atomic_rename = False
-
-    @pytest.fixture
-    def storage(self) -> Storage:
-        return MemoryStorage(supports_atomic_rename=False)
-
-    @pytest.fixture
-    def root(self, storage: Storage) -> str:
-        return "bucket/ckpt"
-
-
-class TestFsspecMemoryStorage(StorageTests):
-    atomic_rename = False
-
-    @pytest.fixture
-    def storage(self) -> Storage:
-        fsspec = pytest.importorskip("fsspec")
-        return FsspecStorage(fsspec.filesystem("memory"))
-
-    @pytest.fixture
-    def root(self, storage: Storage) -> Iterator[str]:
-        root = f"memory://trackpoint-{uuid.uuid4().hex}"
-        storage.makedirs(root)
-        yield root
-        storage.remove_tree(root)
-
-
-class TestFsspecS3Storage(StorageTests):
-    """FsspecStorage on a real S3 protocol server (moto); needs s3fs."""
-
-    atomic_rename = False
-
-    @pytest.fixture
-    def storage(self, s3_endpoint: str) -> Storage:
-        s3fs = pytest.importorskip("s3fs")
-        fs = s3fs.S3FileSystem(
-            key="testing",
-            secret="testing",
-            client_kwargs={"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
-            skip_instance_cache=True,
-        )
-        return FsspecStorage(fs)
-
-    @pytest.fixture
-    def root(self, storage: Storage, s3_bucket: str) -> Iterator[str]:
-        root = f"s3://{s3_bucket}/{uuid.uuid4().hex}"
-        yield root
-        storage.remove_tree(root)
