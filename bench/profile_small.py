@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import trackpoint as tp  # noqa: E402
 from bench.workloads import _small_dict, zeros_like_specs  # noqa: E402
 from trackpoint.checkpoint import checkpoint as checkpoint_module  # noqa: E402
-from trackpoint.checkpoint import load_status, restore, restore_reuse  # noqa: E402
+from trackpoint.checkpoint import load_status, replay, restore  # noqa: E402
 from trackpoint.management import reader  # noqa: E402
 from trackpoint.saving import saver  # noqa: E402
 
@@ -54,11 +54,11 @@ _SAVE_STEPS = (
 _RESTORE_STEPS = (
     (checkpoint_module.Checkpoint, "__init__", "Checkpoint(state=d): track the dict"),
     (reader.CheckpointReader, "__init__", "open the checkpoint, parse the index"),
-    (restore_reuse.RestoreReuse, "load_graph", "parse the graph, decode the index entries"),
+    (replay.RestoreReplay, "load_graph", "parse the graph, decode the index entries"),
     (restore.CheckpointPosition, "_walk", "walk: bind nodes to objects, plan"),
-    (restore_reuse.RestoreTemplate, "replay", "replay the last read's walk"),
+    (replay.WalkReplay, "replay", "replay the last read's walk"),
     (restore.RestoreCoordinator, "_restore_values", "read, check and copy the values"),
-    (restore_reuse, "_keep", "snapshot the structure for the next read"),
+    (replay, "_keep", "snapshot the structure for the next read"),
     (load_status.CheckpointLoadStatus, "assert_consumed", "assert_consumed()"),
 )
 

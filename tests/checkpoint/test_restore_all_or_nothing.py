@@ -551,7 +551,7 @@ def test_registered_saver_refusing_its_objects_changes_nothing(tmp_path):
 
 @pytest.mark.parametrize("how", ["restore", "read"])
 def test_damaged_save_counter_fails_a_replayed_read_too(tmp_path, corrupt, how):
-    """A second read of the same object graph replays the first one's walk (restore_reuse):
+    """A second read of the same object graph replays the first one's walk (checkpoint/replay.py):
     the counter is planned there too, so the damage is found before any object changes."""
     good, values = _saved_twice(tmp_path / "good")
     damaged, _ = _saved_twice(tmp_path / "damaged")

@@ -29,7 +29,7 @@ from trackpoint.checkpoint.load_status import (
     LoadStatus,
 )
 from trackpoint.checkpoint.name_based import restore_name_based
-from trackpoint.checkpoint.restore_reuse import RestoreReuse
+from trackpoint.checkpoint.replay import RestoreReplay
 from trackpoint.checkpoint.saved_graph import SavedGraph
 from trackpoint.checkpoint.writer_lock import (
     hold_directory,
@@ -144,14 +144,14 @@ class Checkpoint(AutoTrackable):
     _self_pending_counter: Variable | None
     _self_async: AsyncWriter | None
     _self_history: SaveHistory  # the previous checkpoint, for incremental saves
-    _self_restore_reuse: RestoreReuse  # what the last read lends the next (restore_reuse.py)
+    _self_restore_reuse: RestoreReplay  # what the last read lends the next (replay.py)
 
     def __init__(self, root: Any = None, **children: Any) -> None:
         object.__setattr__(self, "_self_save_counter", None)
         object.__setattr__(self, "_self_pending_counter", None)
         object.__setattr__(self, "_self_async", None)
         object.__setattr__(self, "_self_history", SaveHistory())
-        object.__setattr__(self, "_self_restore_reuse", RestoreReuse())
+        object.__setattr__(self, "_self_restore_reuse", RestoreReplay())
         attached: list[TrackableReference] | None = None
         trackable_root: Trackable | None = None
         if root is not None:
@@ -202,7 +202,7 @@ class Checkpoint(AutoTrackable):
             elif name == "_self_history":
                 object.__setattr__(copied, name, SaveHistory())  # the copy saved nothing yet
             elif name == "_self_restore_reuse":
-                object.__setattr__(copied, name, RestoreReuse())  # nor read anything
+                object.__setattr__(copied, name, RestoreReplay())  # nor read anything
             else:
                 object.__setattr__(copied, name, copy.deepcopy(value, memo))
         return copied
@@ -278,7 +278,7 @@ class Checkpoint(AutoTrackable):
         """
         if self._self_save_counter is not None:
             return {}
-        reuse: RestoreReuse = self._self_restore_reuse
+        reuse: RestoreReplay = self._self_restore_reuse
         node_id = reuse.counter_node(graph)
         if node_id is None:
             return {}
@@ -454,7 +454,7 @@ class Checkpoint(AutoTrackable):
     def _read(self, path: str, options: CheckpointOptions) -> LoadStatus:
         started = time.perf_counter()
         prefix = resolve_prefix(path, storage=options.storage)
-        reuse: RestoreReuse = self._self_restore_reuse
+        reuse: RestoreReplay = self._self_restore_reuse
         with CheckpointReader(prefix, storage=options.storage) as reader:
             graph = reuse.load_graph(reader.bundle)
             # Only a progress callback needs the file sizes (a stat per file).

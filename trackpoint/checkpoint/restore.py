@@ -3,8 +3,9 @@
 One :class:`RestoreCoordinator` per ``read``/``restore`` call. From node 0 and the root object
 it walks the saved graph breadth first and binds each node to the live object reached by the
 same local names. The walk only *plans*: it lists every object's values
-(:class:`~trackpoint.checkpoint.restore_plan.RestorePlan`; plain variables, nearly every node of
-a large model, as parallel lists instead of an object each) and records the changes to make —
+(:class:`~trackpoint.checkpoint.restore_plan.RestorePlan`; objects whose class declares
+``_whole_value_names`` — variables, nearly every node of a large model — by class, as columns
+of keys instead of an object each) and records the changes to make —
 update uids, deferred dependencies, optimizer slots to create. The value phase
 (:func:`~trackpoint.saving.restore.restore_items`) then reads and verifies every value (crc32c,
 shape, dtype, each object's own checks) and only then copies them in; the recorded changes are
@@ -19,8 +20,9 @@ Each object records the uid of the restore that last gave it values; an older re
 it later leaves it alone, so the most recently *requested* restore wins (B4).
 
 The top-level walk of ``Checkpoint.read`` may keep a
-:class:`~trackpoint.checkpoint.restore_plan.WalkRecord`; ``restore_reuse`` turns it into the
-structure snapshot and the template that let the next read of the same graph skip the walk.
+:class:`~trackpoint.checkpoint.restore_plan.WalkRecord`; ``checkpoint/replay.py`` turns it into
+the structure snapshot and the recorded walk that let the next read of the same graph replay it
+instead of walking.
 
 The coordinator holds objects weakly and nothing holds the coordinator but its status and the
 pending positions, so dropping them frees it; a ``weakref.finalize`` hook then logs the values
@@ -42,10 +44,13 @@ from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectG
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.checkpoint.restore_bulk import NO_CHILDREN as _NO_CHILDREN
 from trackpoint.checkpoint.restore_bulk import (
+    WholeValues,
     children_of,
     is_leaf,
-    plan_variables,
+    plan_leaves,
     queue_all_children,
+    set_update_uids,
+    whole_values,
 )
 from trackpoint.checkpoint.restore_plan import RestorePlan, WalkRecord
 from trackpoint.checkpoint.saved_graph import SavedGraph
@@ -54,15 +59,14 @@ from trackpoint.checkpoint.value_matching import plan_values
 from trackpoint.checkpoint.weak_objects import IdentityWeakSet, WeakObjects
 from trackpoint.saving.options import CheckpointOptions
 from trackpoint.saving.restore import (
+    RestoreBatch,
     RestoreItem,
-    VariableBatch,
     agreement_pending,
     restore_items,
 )
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, next_restore_uid
 from trackpoint.tracking.containers import TrackableDataStructure
 from trackpoint.tracking.slots import PendingSlot, SlotOwner
-from trackpoint.tracking.variable import Variable
 
 __all__ = [
     "CheckpointPosition",
@@ -79,7 +83,6 @@ logger = logging.getLogger("trackpoint.checkpoint")
 # What the walk asks of an object's type, compared once per object instead of called.
 _PLAIN_LOOKUP = Trackable._lookup_dependency
 _CONTAINER_LOOKUP = TrackableDataStructure._lookup_dependency
-_PLAIN_CHILDREN = Trackable._trackable_children
 
 _Queue = list[tuple[int, Trackable]]
 """The walk's queue: ``(node id, bound object)``, iterated while it grows (breadth first)."""
@@ -210,7 +213,7 @@ class RestoreCoordinator:
                 build()
             if own:
                 self._plan_own(plan, own)
-            if plan.targets or plan.items or plan.registered or agreement_pending():
+            if plan.batches or plan.items or plan.registered or agreement_pending():
                 self._restore_values(plan)
         except BaseException:
             self._rollback(plan)
@@ -232,23 +235,24 @@ class RestoreCoordinator:
                 plan.unassigned.append(position.proto_id)
 
     def _restore_values(self, plan: RestorePlan) -> None:
-        names, nodes = self.node_name, plan.nodes
-
-        def label(index: int) -> str:
-            return names(nodes[index])
-
+        batches = [
+            RestoreBatch(
+                batch.objects, batch.names, batch.keys,
+                functools.partial(_node_label, self.node_name, batch.nodes), batch.position,
+            )
+            for batch in plan.batches.values()
+        ]
         with self.reader() as reader:
             restore_items(
                 plan.items, reader, prefix=self.prefix, registered=plan.registered,
-                progress=self.options.progress,
-                variables=VariableBatch(plan.targets, plan.keys, plan.positions, label),
+                progress=self.options.progress, batches=batches,
             )
 
     def _commit(self, plan: RestorePlan) -> None:
         """Make the plan's recorded changes (every value is applied by now)."""
         uid = self.restore_uid
-        for target in plan.targets:  # exact Variables: the plain attribute, no property
-            target._self_update_uid = uid
+        for batch in plan.batches.values():
+            set_update_uids(batch.objects, uid)
         for trackable in plan.updated:
             trackable._update_uid = uid
         self.unassigned.extend(plan.unassigned)
@@ -379,61 +383,50 @@ class CheckpointPosition:
     ) -> None:
         """Bind and plan every node reachable from this one, breadth first.
 
-        Written for 100,000 nodes: the node of a plain variable is planned inline (the checks
-        of :meth:`RestoreCoordinator.plan_node` for that case), anything else through it.
+        Every node is planned one way, chosen by what its object's class declares: a run of
+        objects whose class declares ``_whole_value_names`` (variables: nearly every node of a
+        large model) is planned from the checkpoint's attributes in one pass
+        (:func:`~trackpoint.checkpoint.restore_bulk.plan_leaves`); any other node, and such an
+        object on a node that does not fit, through :meth:`RestoreCoordinator.plan_node`.
         """
         coordinator = self._coordinator
         nodes = coordinator.proto.nodes
         uid = coordinator.restore_uid
-        planned, unassigned = plan.planned, plan.unassigned
-        add_target, add_key, add_node = plan.targets.append, plan.keys.append, plan.nodes.append
+        unassigned = plan.unassigned
         # Asked at every node (a nested restore may add deferred slots), of the tables themselves.
-        slot_tables = coordinator.slot_restorations, coordinator.deferred_slot_restorations
+        slots, deferred_slots = (
+            coordinator.slot_restorations, coordinator.deferred_slot_restorations
+        )
         queue: _Queue = record.queue if record is not None else []
         queue.append((self._proto_id, trackable))
-        plain_variables = Variable._trackable_children is _PLAIN_CHILDREN
-        index, bulk_from = -1, 1  # queue entries before bulk_from are not tried in bulk again
+        kinds: dict[type, WholeValues | None] = {}  # what each class met declares
+        index = -1
         while index + 1 < len(queue):
             index += 1
             node_id, trackable = queue[index]
-            if (
-                index >= bulk_from and type(trackable) is Variable and plain_variables
-                and not (slot_tables[0] or slot_tables[1])
-            ):
-                done, bulk_from = plan_variables(plan, queue, index, nodes, uid, record)
+            cls = type(trackable)
+            if cls in kinds:
+                kind = kinds[cls]
+            else:
+                kind = kinds[cls] = whole_values(cls)
+            if kind is not None and (index or root_children is None):
+                done = plan_leaves(plan, queue, index, nodes, uid, record, kind)
                 if done:
+                    if slots or deferred_slots:
+                        if record is not None:
+                            record.fail()
+                        for leaf_id, leaf in queue[index : index + done]:
+                            if leaf_id in slots or leaf_id in deferred_slots:
+                                self._queue_slot_variables(plan, queue, leaf_id, leaf)
                     index += done - 1
                     continue
             node = nodes[node_id]
-            general = True
-            if type(trackable) is Variable:
-                attributes = node.attributes
-                if len(attributes) == 1:
-                    attribute = attributes[0]
-                    general = attribute.name != VARIABLE_VALUE_KEY or node.HasField(
-                        "registered_saver"
-                    )
-            if not general:
-                key = id(trackable)
-                if uid > trackable._self_update_uid and key not in planned:
-                    planned.add(key)
-                    add_target(trackable)  # type: ignore[arg-type]  # a Variable
-                    add_key(attribute.checkpoint_key)
-                    add_node(node_id)
-                    if record is not None:
-                        record.target_index.append(index)
-                else:  # given values by a newer restore, or reached a second time
-                    if uid <= trackable._self_update_uid:
-                        unassigned.append(node_id)
-                    if record is not None:
-                        record.fail()
-            else:
-                if record is not None:
-                    record.general.append((index, len(plan.targets)))
-                    if isinstance(trackable, SlotOwner):
-                        record.fail()  # its slots are not part of the structure recorded
-                if not plan_values(coordinator, plan, node_id, node, trackable):
-                    unassigned.append(node_id)
+            if record is not None:
+                record.general.append(index)
+                if isinstance(trackable, SlotOwner):
+                    record.fail()  # its slots are not part of the structure recorded
+            if not plan_values(coordinator, plan, node_id, node, trackable):
+                unassigned.append(node_id)
             node_children = node.children
             if node_children:
                 if index == 0 and root_children is not None:
@@ -442,16 +435,10 @@ class CheckpointPosition:
                     children = children_of(trackable, record)
                 self._queue_children(plan, queue, index, trackable, node_children, children, record)
             elif record is not None:
-                if index == 0:
-                    leaf = not root_children
-                elif not general and plain_variables:  # most objects: answered without a call
-                    leaf = not getattr(trackable, "_self_dependencies", None)
-                else:
-                    leaf = is_leaf(trackable)
-                if not leaf:
+                if not (not root_children if index == 0 else is_leaf(trackable)):
                     record.fail()  # the program's object has children the checkpoint's lacks
                 record.children.append(_NO_CHILDREN)
-            if slot_tables[0] or slot_tables[1]:
+            if slots or deferred_slots:
                 if record is not None:
                     record.fail()
                 self._queue_slot_variables(plan, queue, node_id, trackable)
@@ -566,6 +553,10 @@ class CheckpointPosition:
             plan.pending_slots.append((slot_variable_id, slot))
         if position.bind_object(slot, plan):
             queue.append((slot_variable_id, slot))
+
+
+def _node_label(node_name: Callable[[int], str], nodes: list[int], index: int) -> str:
+    return node_name(nodes[index])
 
 
 def _forget(table: dict[int, Any], key: int) -> None:

@@ -1,16 +1,17 @@
-"""What one walk of the restore engine decides, and what a top-level walk records for reuse.
+"""What one walk of the restore engine decides, and what a top-level walk records for replay.
 
 A :class:`RestorePlan` lists the values to read and the changes to make once every value is
 verified (``checkpoint/restore.py`` walks, ``saving/restore.py`` reads, verifies and applies).
-Plain variables restored whole — nearly every node of a large model — are kept as parallel
-lists instead of one :class:`~trackpoint.saving.restore.RestoreItem` each: a restore of 100,000
-of them then builds no object per value.
+Objects whose class declares ``_whole_value_names`` (variables: nearly every node of a large
+model) are kept by class as a :class:`PlannedBatch`, columns of keys instead of one
+:class:`~trackpoint.saving.restore.RestoreItem` each: a restore of 100,000 of them then builds
+no object per value.
 
 A :class:`WalkRecord` is kept by the top-level walk of ``Checkpoint.read`` when the walk met
 exactly the structure a walk of the program's object graph would meet (every live child matched
-to a checkpoint node, in order; see ``restore_reuse``): it becomes the structure snapshot that
-lets the load status skip walking the program again, and the template the next read of the same
-graph replays instead of walking.
+to a checkpoint node, in order; see ``checkpoint/replay.py``): it becomes the structure snapshot
+that lets the load status skip walking the program again, and the recorded walk the next read of
+the same graph replays instead of walking.
 """
 
 from __future__ import annotations
@@ -23,9 +24,26 @@ from trackpoint.tracking.base import DeferredRestoration, Trackable
 if TYPE_CHECKING:
     from trackpoint.saving.restore import RestoreItem
     from trackpoint.tracking.slots import PendingSlot
-    from trackpoint.tracking.variable import Variable
 
-__all__ = ["RestorePlan", "WalkRecord"]
+__all__ = ["PlannedBatch", "RestorePlan", "WalkRecord"]
+
+
+class PlannedBatch:
+    """The objects of one class a walk planned from the checkpoint's attributes, in walk order.
+
+    Args:
+        names: the class's ``_whole_value_names`` (each object's own value names).
+        position: how many items the plan had when the walk met the first object.
+    """
+
+    __slots__ = ("keys", "names", "nodes", "objects", "position")
+
+    def __init__(self, names: tuple[str, ...], position: int) -> None:
+        self.names = names
+        self.position = position
+        self.objects: list[Trackable] = []
+        self.keys: list[list[str]] = [[] for _ in names]  # keys[j][i]: names[j] of objects[i]
+        self.nodes: list[int] = []  # node id of objects[i] (for messages)
 
 
 class RestorePlan:
@@ -39,31 +57,25 @@ class RestorePlan:
     """
 
     __slots__ = (
+        "batches",
         "bound",
         "deferred",
         "items",
-        "keys",
-        "nodes",
         "pending_slots",
         "planned",
-        "positions",
         "registered",
         "seen",
         "slots_taken",
-        "targets",
         "unassigned",
         "updated",
     )
 
     def __init__(self) -> None:
-        self.targets: list[Variable] = []  # plain variables restored whole, in walk order
-        self.keys: list[str] = []  # checkpoint key of targets[i]
-        self.nodes: list[int] = []  # node id of targets[i] (for messages)
+        self.batches: dict[type, PlannedBatch] = {}  # objects planned from attributes, by class
         self.items: list[RestoreItem] = []  # every other object with values, in walk order
-        self.positions: list[int] = []  # len(targets) when items[j] was planned
         self.registered: dict[str, dict[str, Trackable]] = {}
         self.planned: set[int] = set()  # ids of objects given values by this walk
-        self.updated: list[Trackable] = []  # those of them that are not targets
+        self.updated: list[Trackable] = []  # those of them that are not in batches
         self.unassigned: list[int] = []  # nodes bound by this walk that it gave no values
         self.bound: list[int] = []  # node ids bound by this walk
         self.seen: list[Trackable] = []  # objects first met, and left unbound, by this walk
@@ -81,9 +93,8 @@ class RestorePlan:
         return True
 
     def add_item(self, item: RestoreItem) -> None:
-        """Read ``item``'s values (after the targets planned so far, as the walk met them)."""
+        """Read ``item``'s values."""
         self.items.append(item)
-        self.positions.append(len(self.targets))
 
 
 class WalkRecord:
@@ -94,15 +105,16 @@ class WalkRecord:
     (each bound to the node of its name: the walk checked it).
     """
 
-    __slots__ = ("children", "deferred", "failed", "general", "queue", "target_index")
+    __slots__ = ("batches", "children", "deferred", "failed", "general", "queue")
 
     def __init__(self, queue: list[tuple[int, Trackable]]) -> None:
         self.queue = queue
         self.children: list[Mapping[str, Trackable]] = []  # of queue[i], by local name
-        self.target_index: list[int] = []  # queue index of plan.targets[k]
-        # (queue index, len(plan.targets) then) of every object planned another way: the
-        # replay plans it again, so what it holds now (plain values) is read now
-        self.general: list[tuple[int, int]] = []
+        # class -> (len(general) when its batch began, queue index of each object of the batch)
+        self.batches: dict[type, tuple[int, list[int]]] = {}
+        # queue index of every object planned another way: the replay plans it again, so what
+        # it holds now (plain values) is read now
+        self.general: list[int] = []
         self.deferred: list[tuple[int, str, int]] = []  # (parent's queue index, name, node)
         self.failed = False
 

@@ -5,7 +5,7 @@ so what a restore asks of the whole graph is answered once and kept: which nodes
 variables, and their readable names (messages). Which unmatched nodes hold values
 (``assert_consumed``, the "unrestored values" warning) is asked of the unmatched nodes only.
 
-A Checkpoint keeps the graph of its last read (``trackpoint.checkpoint.restore_reuse``): a
+A Checkpoint keeps the graph of its last read (``trackpoint.checkpoint.replay``): a
 training loop reading checkpoints of one program gets byte-identical graphs, so the next read
 compares bytes (a ``memcmp``) instead of parsing again, and everything derived from the graph
 is reused. The graph is immutable once made; coordinators of several reads share it.

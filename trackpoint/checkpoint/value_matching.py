@@ -1,9 +1,11 @@
 """Matching one object's values to the attributes of its checkpoint node.
 
-The restore walk (``checkpoint/restore.py``) plans a plain variable's node inline; every other
-object comes here: an object of a registered saver, one with several values, renamed values
-(aliases, semantics G3), optional values, values whose layout matters (slices, devices), and
-objects without values whose node has attributes (reported as unused, C1).
+The restore walk (``checkpoint/restore.py``) plans runs of leaves whose class declares
+``_whole_value_names`` from the checkpoint's attributes (``restore_bulk.plan_leaves``); every
+other object comes here, and so does such a leaf on a node that does not fit its declaration:
+an object of a registered saver, one with several values, renamed values (aliases, semantics
+G3), optional values, values whose layout matters (slices, devices), and objects without values
+whose node has attributes (reported as unused, C1).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def plan_values(
     attributes = node.attributes
     label = functools.partial(coordinator.node_name, node_id)
     if len(live) == 1 and len(attributes) == 1:
-        # One value, stored under its own escaped name (a variable of another class).
+        # One value, stored under its own escaped name (a variable of a class without the
+        # declaration, or one on a node the walk's one-pass planning declined).
         ((own_name, value),) = live.items()
         attribute = attributes[0]
         # ("VARIABLE_VALUE" and most names escape to themselves: skip building the copy)

@@ -5,15 +5,17 @@ Every restore ends here — ``Checkpoint.read``/``restore`` (through the planner
 restores, ``tp.jax.restore``, the distributed layer and :meth:`MultiDeviceSaver.restore` —
 so one set of rules holds for all of them:
 
-1. every key the items need is looked up (a missing key fails, naming its object, before any
-   object changes — and whatever else failed; for a :class:`VariableBatch` of 100,000 keys
-   the lookup runs only once a read has failed, since an absent key fails every read);
+1. every key the objects need is looked up (a missing key fails, naming its object, before any
+   object changes — and whatever else failed; the lookup runs only once a read has failed,
+   since an absent key fails every read, unless a progress callback asks sizes first);
 2. every value is read and its crc32c verified (:meth:`BundleReader.read_many`, slices with
    :meth:`BundleReader.read_slice`); arrays are zero-copy views of the mapped files, so
    verifying first holds no second copy of the state;
-3. every object checks its values (``Trackable._prepare_restore``: shape, dtype, slot shapes,
-   optimizer group sizes, whether the target can be written at all: a read-only array, a torch
-   tensor whose elements share memory) and returns the step that applies them; registered
+3. every object checks its values (shape, dtype, slot shapes, optimizer group sizes, whether
+   the target can be written at all: a read-only array, a torch tensor whose elements share
+   memory), all objects of one class in one call of ``batch_hook(cls, "_prepare_restores")``
+   (:class:`RestoreItem` s and :class:`RestoreBatch` es alike; the default maps
+   ``Trackable._prepare_restore``), which returns the step that applies them; registered
    savers are looked up and their strict predicates checked;
 4. only then is every object changed, each by copying once from the mapped file. Nothing
    foreseeable can fail here (step 3 checked it), and a SIGINT arriving meanwhile is held
@@ -32,12 +34,14 @@ before it changes anything (the one exception to "a restore that raises changed 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import contextvars
 import functools
 import itertools
 import logging
 import math
+import operator
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,13 +55,13 @@ from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundErr
 from trackpoint.saving.devices import DeviceValue
 from trackpoint.saving.progress import ProgressEvent, ReadProgress
 from trackpoint.saving.registration import get_registered_saver, objects_to_restore
-from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
-from trackpoint.tracking.variable import Variable, prepare_variable_restores
+from trackpoint.tracking.base import Trackable, batch_hook
+from trackpoint.tracking.value_columns import ValueColumns
 
 __all__ = [
     "RestoreAgreement",
+    "RestoreBatch",
     "RestoreItem",
-    "VariableBatch",
     "agreement_pending",
     "restore_agreement",
     "restore_items",
@@ -66,6 +70,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Label = str | Callable[[], str]
+_Step = Callable[[], None]
 
 
 class RestoreAgreement:
@@ -140,70 +145,60 @@ class RestoreItem(NamedTuple):
     partitioned value (each box is read as a slice). None: every value is read whole."""
 
 
-class VariableBatch(NamedTuple):
-    """Plain variables each restored whole from one checkpoint key, among a list of items.
+class RestoreBatch(NamedTuple):
+    """Objects of one class, each restored whole from the checkpoint keys of the same values.
 
-    Most values of a large model: kept as parallel lists instead of one :class:`RestoreItem`
-    each, and checked in one loop (``prepare_variable_restores``), so a restore of 100,000 of
-    them builds no object per value. Values are read, checked and applied in walk order: the
-    variables before ``items[j]`` are ``variables[:positions[j]]``.
+    What the restore walk plans for many alike objects (the variables of a large model, whose
+    class declares ``_whole_value_names``): columns of keys instead of one
+    :class:`RestoreItem` each, so a restore of 100,000 of them builds no object per value
+    before their class's ``_prepare_restores`` receives them.
     """
 
-    variables: Sequence[Variable]
-    """Variables of exactly ``tp.Variable``'s class (a subclass may check more)."""
-    keys: Sequence[str]
-    """The checkpoint key of each variable's value."""
-    positions: Sequence[int]
-    """``positions[j]``: how many variables come before ``items[j]`` in walk order."""
+    objects: Sequence[Trackable]
+    """The objects, all of one class."""
+    names: tuple[str, ...]
+    """The value names each object restores (its own names, as in ``_serialize_to_tensors``)."""
+    keys: Sequence[Sequence[str]]
+    """``keys[j][i]``: the checkpoint key of value ``names[j]`` of ``objects[i]``."""
     label: Callable[[int], str]
-    """Readable path of ``variables[i]``, for messages (called only on error)."""
+    """Readable path of ``objects[i]``, for messages (called only on error)."""
+    position: int = 0
+    """How many of the restore's items the walk met before this batch's first object: classes
+    are prepared and applied in the order the walk first met an object of theirs."""
 
 
-def _segments(
-    items: Sequence[RestoreItem], batch: VariableBatch
-) -> Iterator[tuple[int, int, RestoreItem | None]]:
-    """``(start, stop, item)``: the variables ``[start:stop]``, then ``item``, in walk order."""
-    start = 0
-    for item, position in zip(items, batch.positions):
-        yield start, position, item
-        start = position
-    yield start, len(batch.variables), None
+_Source = RestoreItem | RestoreBatch
 
 
-def _as_items(items: Sequence[RestoreItem], batch: VariableBatch) -> list[RestoreItem]:
-    """Every variable of ``batch`` as a :class:`RestoreItem`, among ``items`` in walk order."""
-    merged: list[RestoreItem] = []
-    for start, stop, item in _segments(items, batch):
-        merged.extend(_variable_item(batch, i) for i in range(start, stop))
-        if item is not None:
-            merged.append(item)
+def _in_walk_order(items: Sequence[RestoreItem], batches: Sequence[RestoreBatch]) -> list[_Source]:
+    """``items`` with each batch placed before the item at its ``position``."""
+    if not batches:
+        return list(items)
+    ordered = sorted(batches, key=_POSITION)
+    merged: list[_Source] = []
+    next_batch = 0
+    for index, item in enumerate(items):
+        while next_batch < len(ordered) and ordered[next_batch].position <= index:
+            merged.append(ordered[next_batch])
+            next_batch += 1
+        merged.append(item)
+    merged.extend(ordered[next_batch:])
     return merged
 
 
-def _raise_missing(
-    items: Sequence[RestoreItem], batch: VariableBatch, reader: BundleReader, prefix: str
-) -> None:
-    """Raise NotFoundError for the first key, in walk order, the checkpoint lacks (if any)."""
-    has_tensor = reader.has_tensor
-    for start, stop, item in _segments(items, batch):
-        for index in range(start, stop):
-            if not has_tensor(batch.keys[index]):
-                raise _missing(_variable_item(batch, index), batch.keys[index], prefix)
-        for key in item.keys.values() if item is not None else ():
-            if not has_tensor(key):
-                assert item is not None
-                raise _missing(item, key, prefix)
-
-
-def _variable_item(batch: VariableBatch, index: int) -> RestoreItem:
-    return RestoreItem(
-        batch.variables[index], {VARIABLE_VALUE_KEY: batch.keys[index]},
-        functools.partial(batch.label, index),
-    )
+_POSITION = operator.attrgetter("position")
 
 
 def _label(item: RestoreItem) -> str:
     return item.label if isinstance(item.label, str) else item.label()
+
+
+def _describe(source: _Source, offset: int) -> tuple[str, Trackable, list[str]]:
+    """``(readable path, object, checkpoint keys)`` of object ``offset`` of ``source``."""
+    if isinstance(source, RestoreBatch):
+        keys = [column[offset] for column in source.keys]
+        return source.label(offset), source.objects[offset], keys
+    return _label(source), source.trackable, list(source.keys.values())
 
 
 def _slice_specs(item: RestoreItem, name: str) -> list[str] | None:
@@ -218,10 +213,26 @@ def _slice_specs(item: RestoreItem, name: str) -> list[str] | None:
     return None
 
 
-def _missing(item: RestoreItem, key: str, prefix: str) -> NotFoundError:
+def _first_missing(sources: Sequence[_Source], reader: BundleReader, prefix: str) -> None:
+    """Raise NotFoundError for the first key, in walk order, the checkpoint lacks (if any)."""
+    has_tensor = reader.has_tensor
+    for source in sources:
+        if isinstance(source, RestoreBatch):
+            for column in source.keys:
+                if not all(map(has_tensor, column)):
+                    offset = next(i for i, key in enumerate(column) if not has_tensor(key))
+                    raise _missing(source, offset, column[offset], prefix)
+        else:
+            for key in source.keys.values():
+                if not has_tensor(key):
+                    raise _missing(source, 0, key, prefix)
+
+
+def _missing(source: _Source, offset: int, key: str, prefix: str) -> NotFoundError:
+    label, trackable, _ = _describe(source, offset)
     return NotFoundError(
-        f"Key {key} not found in checkpoint {prefix}: the object {_label(item)} "
-        f"({type(item.trackable).__name__}) expects it. The checkpoint was written by a program "
+        f"Key {key} not found in checkpoint {prefix}: the object {label} "
+        f"({type(trackable).__name__}) expects it. The checkpoint was written by a program "
         "whose objects differ; restore a matching checkpoint, or give this object the "
         "checkpoint's structure.",
         path=prefix,
@@ -254,41 +265,34 @@ def _nbytes(reader: BundleReader, key: str, spec: str | None) -> int:
 
 
 class _Values:
-    """Every value the items need, read and verified, in the order the items ask for them."""
+    """Every value the sources need, read and verified, in the order the sources ask for them."""
 
     def __init__(
-        self, items: Sequence[RestoreItem], reader: BundleReader, prefix: str,
-        progress: Callable[[ProgressEvent], None] | None, batch: VariableBatch | None = None,
+        self, sources: Sequence[_Source], reader: BundleReader, prefix: str,
+        progress: Callable[[ProgressEvent], None] | None,
     ) -> None:
         whole: list[str] = []
         sliced: list[tuple[str, str]] = []
-        # Every key is looked up before anything is read. With a batch (100,000 keys, no
-        # progress) only after a read failed: an absent key fails every read, so the error is
-        # the same, and a restore that succeeds asks no key twice.
-        has_tensor = reader.has_tensor if batch is None else None
-        segments = (
-            _segments(items, batch) if batch is not None else ((0, 0, item) for item in items)
-        )
-        for start, stop, maybe_item in segments:
-            if start != stop:
-                assert batch is not None and progress is None  # restore_items sees to it
-                whole.extend(batch.keys[start:stop])
-            if maybe_item is None:
+        for source in sources:
+            if isinstance(source, RestoreBatch):
+                for column in source.keys:
+                    whole.extend(column)
                 continue
-            item = maybe_item
-            for name, key in item.keys.items():
-                if has_tensor is not None and not has_tensor(key):
-                    raise _missing(item, key, prefix)
-                specs = _slice_specs(item, name)
+            for name, key in source.keys.items():
+                specs = _slice_specs(source, name)
                 if specs is None:
                     whole.append(key)
                 else:
                     sliced.extend((key, spec) for spec in specs)
+        # Every key is looked up before anything changes, but only once a read failed (an absent
+        # key fails every read, so the error is the same, and a restore that succeeds asks no key
+        # twice) — or first, for a progress callback, which asks every value's size first.
+        if progress is not None:
+            _first_missing(sources, reader, prefix)
         try:
             self._read(reader, whole, sliced, progress)
         except Exception:
-            if batch is not None:
-                _raise_missing(items, batch, reader, prefix)
+            _first_missing(sources, reader, prefix)
             raise
 
     def _read(
@@ -317,12 +321,13 @@ class _Values:
             slices.append(array)
         self._slices = iter(slices)
 
-    def take(self, count: int) -> list[np.ndarray]:
-        """The next ``count`` whole values (a segment of a :class:`VariableBatch`)."""
-        return list(itertools.islice(self._whole, count))
+    def of_batch(self, batch: RestoreBatch) -> ValueColumns:
+        """The values of ``batch``'s objects, a column per name (sources in reading order)."""
+        count, whole = len(batch.objects), self._whole
+        return ValueColumns({name: list(itertools.islice(whole, count)) for name in batch.names})
 
     def of(self, item: RestoreItem) -> dict[str, Any]:
-        """``{own name: array or {slice spec: array}}`` of ``item`` (items in reading order)."""
+        """``{own name: array or {slice spec: array}}`` of ``item`` (sources in reading order)."""
         if item.layouts is None:
             whole = self._whole
             return {name: next(whole) for name in item.keys}
@@ -336,59 +341,125 @@ class _Values:
         return values
 
 
-def _prepare(item: RestoreItem, values: Mapping[str, Any], prefix: str) -> Callable[[], None]:
-    trackable = item.trackable
-    try:
-        prepare = getattr(trackable, "_prepare_restore", None)
-        if prepare is None:  # a duck-typed holder of MultiDeviceSaver: restored as it asks
-            return functools.partial(trackable._restore_from_tensors, values)
-        return prepare(values)  # type: ignore[no-any-return]
-    except InvalidArgumentError as exc:
-        raise _does_not_fit(exc, item, prefix) from exc
+class _Group:
+    """The objects of one class in a restore, handed to the class's ``_prepare_restores``."""
+
+    __slots__ = ("objects", "owned", "sources", "starts", "values")
+
+    def __init__(self) -> None:
+        self.objects: Sequence[Any] = ()
+        self.values: Sequence[Mapping[str, Any]] = ()  # a batch's columns while it is alone
+        self.owned = False  # whether objects and values are this group's own lists
+        self.starts: list[int] = []  # index in objects of the first object of sources[k]
+        self.sources: list[_Source] = []
+
+    def add(
+        self, source: _Source, objects: Sequence[Any], values: Sequence[Mapping[str, Any]]
+    ) -> None:
+        self.starts.append(len(self.objects))
+        self.sources.append(source)
+        if len(self.sources) == 1:
+            self.objects, self.values = objects, values  # the usual case: one batch, as is
+            return
+        if not self.owned:  # the first source's lists belong to the plan: copy them once
+            self.objects, self.owned = list(self.objects), True
+            if not isinstance(self.values, ValueColumns):
+                self.values = list(self.values)
+        self.objects.extend(objects)  # type: ignore[attr-defined]  # owned: a list
+        current = self.values
+        if isinstance(current, ValueColumns):
+            # Columns stay columns (a Checkpoint's new save_counter joins 100,000 variables).
+            if isinstance(values, ValueColumns) and values.names == current.names:
+                current.extend(values)
+                return
+            if all(_fits_columns(row, current.names) for row in values):
+                for row in values:
+                    current.append(row)
+                return
+            self.values = current = list(current)
+        current.extend(values)  # type: ignore[attr-defined]  # a list
+
+    def error(self, index: int, exc: InvalidArgumentError, *, prefix: str) -> BaseException:
+        """``exc`` (object ``index``'s value does not fit it) naming the object and its keys."""
+        at = bisect.bisect_right(self.starts, index) - 1
+        label, _, keys = _describe(self.sources[at], index - self.starts[at])
+        keys.sort()
+        return InvalidArgumentError(
+            f"{exc.message} (object {label}, checkpoint key {', '.join(keys)} in "
+            f"{prefix}). Nothing was restored.",
+            path=prefix,
+            key=keys[0] if keys else None,
+        )
 
 
-def _does_not_fit(exc: InvalidArgumentError, item: RestoreItem, prefix: str) -> CheckpointError:
-    """``exc`` (a value does not fit ``item``'s object) naming the object and its keys."""
-    keys = sorted(item.keys.values())
-    return InvalidArgumentError(
-        f"{exc.message} (object {_label(item)}, checkpoint key {', '.join(keys)} in "
-        f"{prefix}). Nothing was restored.",
-        path=prefix,
-        key=keys[0] if keys else None,
-    )
+def _fits_columns(values: Mapping[str, Any], names: tuple[str, ...]) -> bool:
+    """Whether ``values`` are whole values (no slices) named exactly ``names``."""
+    return tuple(values) == names and not any(isinstance(v, Mapping) for v in values.values())
 
 
-def _prepare_batch(
-    items: Sequence[RestoreItem], batch: VariableBatch, values: _Values, prefix: str
-) -> list[Callable[[], None]]:
-    """The apply steps of ``batch`` and ``items``, every value checked, in walk order."""
-    applies: list[Callable[[], None]] = []
-    variables = batch.variables
-    for start, stop, item in _segments(items, batch):
-        if start != stop:
+def _prepare_all(sources: Sequence[_Source], values: _Values, prefix: str) -> list[_Step]:
+    """Every object's checks, run by class (``batch_hook(cls, "_prepare_restores")``); the
+    step of each class, the classes in the order the walk first met one of their objects."""
+    groups: dict[type, _Group] = {}
+    for source in sources:
+        if isinstance(source, RestoreBatch):
+            if not source.objects:
+                continue
+            cls: type = type(source.objects[0])  # a batch holds objects of one class
+            objects: Sequence[Any] = source.objects
+            restored: Sequence[Mapping[str, Any]] = values.of_batch(source)
+        else:
+            cls = type(source.trackable)
+            objects, restored = (source.trackable,), (values.of(source),)
+        group = groups.get(cls)
+        if group is None:
+            group = groups[cls] = _Group()
+        group.add(source, objects, restored)
+    steps: list[_Step] = []
+    for cls, group in groups.items():
+        if Trackable in cls.__mro__:  # (issubclass narrows cls to a type mypy cannot hash)
+            prepare_restores = batch_hook(cls, "_prepare_restores")
+        else:  # a duck-typed holder of MultiDeviceSaver
+            prepare_restores = _prepare_holders
+        on_error = functools.partial(group.error, prefix=prefix)
+        steps.append(prepare_restores(group.objects, group.values, on_error))
+    return steps
 
-            def fail(index: int, exc: InvalidArgumentError, start: int = start) -> BaseException:
-                return _does_not_fit(exc, _variable_item(batch, start + index), prefix)
 
-            arrays = values.take(stop - start)
-            applies.append(prepare_variable_restores(variables[start:stop], arrays, fail))
-        if item is not None:
-            applies.append(_prepare(item, values.of(item), prefix))
-    return applies
+def _prepare_holders(
+    holders: Sequence[Any],
+    restored: Sequence[Mapping[str, Any]],
+    on_error: Callable[[int, InvalidArgumentError], BaseException],
+) -> _Step:
+    """``_prepare_restores`` for objects that are not trackables: restored as they ask
+    (``_prepare_restore`` if they have one, else ``_restore_from_tensors`` when applied)."""
+    steps: list[_Step] = []
+    for index, (holder, values) in enumerate(zip(holders, restored)):
+        prepare = getattr(holder, "_prepare_restore", None)
+        try:
+            if prepare is None:
+                steps.append(functools.partial(holder._restore_from_tensors, values))
+            else:
+                steps.append(prepare(values))
+        except InvalidArgumentError as exc:
+            raise on_error(index, exc) from exc
 
+    def apply() -> None:
+        for step in steps:
+            step()
 
-_RestoreFn = Callable[[], None]
+    return apply
 
 
 def _registered_restores(
     registered: Mapping[str, Mapping[str, Trackable]], prefix: str
-) -> list[_RestoreFn]:
+) -> list[_Step]:
     """Each registered saver's ``restore_fn`` call, its saver found and its objects checked.
 
     Done before any object changes: a strict predicate that rejects an object fails the
     restore while nothing has changed yet.
     """
-    calls: list[_RestoreFn] = []
+    calls: list[_Step] = []
     for name, objects in registered.items():
         try:
             saver = get_registered_saver(name)
@@ -441,9 +512,15 @@ def restore_items(
     prefix: str | None = None,
     registered: Mapping[str, Mapping[str, Trackable]] | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
-    variables: VariableBatch | None = None,
+    batches: Sequence[RestoreBatch] = (),
 ) -> None:
-    """Read and verify every value of ``items``, then apply them all (see the module docstring).
+    """Read and verify every value of ``items`` and ``batches``, then apply them all (see the
+    module docstring).
+
+    Objects are checked and applied by class, through ``batch_hook(cls, "_prepare_restores")``
+    (the per-object default maps ``_prepare_restore``): an item and a batch of one class are
+    one call. Within a class, objects are applied in walk order; the classes in the order the
+    walk first met an object of theirs.
 
     Args:
         items: the objects to restore and the keys of their values.
@@ -452,7 +529,7 @@ def restore_items(
         prefix: the checkpoint's name in messages (default: the reader's prefix).
         registered: objects of registered savers, ``{saver name: {object name: trackable}}``.
         progress: a callback receiving ``"read"`` events as values are read.
-        variables: plain variables restored with ``items``, in the walk order it records.
+        batches: alike objects each restored whole, planned as columns of keys.
 
     Raises:
         NotFoundError: a key is missing (nothing changed).
@@ -464,14 +541,10 @@ def restore_items(
     """
     name = prefix if prefix is not None else reader.prefix
     agreement = _agreement.get()
-    if variables is not None and (progress is not None or not variables.variables):
-        items, variables = _as_items(items, variables), None  # read value by value
+    sources = _in_walk_order(items, batches)
     try:
-        values = _Values(items, reader, name, progress, variables)
-        if variables is None:
-            applies = [_prepare(item, values.of(item), name) for item in items]
-        else:
-            applies = _prepare_batch(items, variables, values, name)
+        values = _Values(sources, reader, name, progress)
+        applies = _prepare_all(sources, values, name)
         restore_fns = _registered_restores(registered, name) if registered else ()
     except BaseException as exc:
         if agreement is not None:

@@ -15,7 +15,7 @@ import functools
 import itertools
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -28,8 +28,9 @@ from trackpoint.tracking.string_values import (
     is_string_array,
     to_bytes_array,
 )
+from trackpoint.tracking.value_columns import ValueColumns
 
-__all__ = ["Variable", "check_restorable", "prepare_variable_restores"]
+__all__ = ["Variable", "check_restorable"]
 
 _DEFAULT_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
 
@@ -243,48 +244,48 @@ class Variable(Trackable):
             saved = check_restorable(value, saved, what=f"variable {self._name!r}")
         return functools.partial(np.copyto, value, saved, casting="no")
 
+    # -- many at once (the batch-first protocol of tracking/base.py) ----------------------------
 
-def prepare_variable_restores(
-    variables: Sequence[Variable],
-    saved_values: Sequence[Any],
-    on_error: Callable[[int, InvalidArgumentError], BaseException],
-) -> Callable[[], None]:
-    """``Variable._prepare_restore`` of many variables at once, each restored whole.
+    # Every variable saves one whole array (a string variable an object array: still one).
+    _whole_value_names: ClassVar[tuple[str, ...] | None] = (VARIABLE_VALUE_KEY,)
 
-    The restore engine's bulk path (a model of 100,000 variables): the usual case, an array of
-    the variable's shape and dtype, is checked here as ``_prepare_restore`` checks it, without a
-    call or a step object per variable; any other value goes through ``_prepare_restore``.
+    @classmethod
+    def _prepare_restores(
+        cls,
+        trackables: Sequence[Trackable],
+        restored: Sequence[Mapping[str, Any]],
+        on_error: Callable[[int, InvalidArgumentError], BaseException],
+    ) -> Callable[[], None]:
+        """:meth:`_prepare_restore` of many variables, checked a list at a time.
 
-    Args:
-        variables: variables of exactly this class (a subclass may check more).
-        saved_values: the value of each, from the checkpoint.
-        on_error: makes the error to raise from the index of a variable whose value does not
-            fit and the error ``_prepare_restore`` raised for it.
+        The usual case, an array of the variable's shape and dtype, is checked for the whole
+        list without a call or a step object per variable (a model of 100,000 variables); any
+        other value goes through ``_prepare_restore``. The step copies every value in, in order.
+        """
+        if isinstance(restored, ValueColumns):  # a batch the engine planned: a list already
+            saved_list: list[Any] = restored.column(VARIABLE_VALUE_KEY)
+        else:
+            saved_list = list(map(_SAVED, restored))
+        targets: list[np.ndarray] = list(map(_VALUE, trackables))
+        others: dict[int, Callable[[], None]] = {}  # index -> _prepare_restore's step
+        if not _all_usual(targets, saved_list):
+            others = _unusual_steps(trackables, targets, saved_list, on_error)
 
-    Returns:
-        The step that copies every value in, in order.
-    """
-    saved_list = list(saved_values)
-    targets: list[np.ndarray] = list(map(_VALUE, variables))
-    others: dict[int, Callable[[], None]] = {}  # index -> _prepare_restore's step
-    if not _all_usual(targets, saved_list):
-        others = _unusual_steps(variables, targets, saved_list, on_error)
+        def apply() -> None:
+            # Same shape and dtype: `target[...] = saved` is np.copyto(target, saved,
+            # casting="no"), at a fraction of the call's cost.
+            if not others:
+                for target, saved in zip(targets, saved_list):
+                    target[...] = saved
+                return
+            for index, (target, saved) in enumerate(zip(targets, saved_list)):
+                step = others.get(index)
+                if step is None:
+                    target[...] = saved
+                else:
+                    step()
 
-    def apply() -> None:
-        # Same shape and dtype: `target[...] = saved` is np.copyto(target, saved,
-        # casting="no"), at a fraction of the call's cost.
-        if not others:
-            for target, saved in zip(targets, saved_list):
-                target[...] = saved
-            return
-        for index, (target, saved) in enumerate(zip(targets, saved_list)):
-            step = others.get(index)
-            if step is None:
-                target[...] = saved
-            else:
-                step()
-
-    return apply
+        return apply
 
 
 def _all_usual(targets: list[np.ndarray], saved: list[Any]) -> bool:
@@ -300,7 +301,7 @@ def _all_usual(targets: list[np.ndarray], saved: list[Any]) -> bool:
 
 
 def _unusual_steps(
-    variables: Sequence[Variable],
+    variables: Sequence[Trackable],
     targets: list[np.ndarray],
     saved_list: list[Any],
     on_error: Callable[[int, InvalidArgumentError], BaseException],
@@ -326,6 +327,7 @@ def _unusual_steps(
 
 _KIND_OF = operator.attrgetter("dtype.kind")
 _VALUE = operator.attrgetter("_value")
+_SAVED = operator.itemgetter(VARIABLE_VALUE_KEY)
 _DTYPE = operator.attrgetter("dtype")
 _SHAPE = operator.attrgetter("shape")
 _WRITEABLE = operator.attrgetter("flags.writeable")

@@ -1,26 +1,27 @@
-"""Reading one checkpoint graph again and again: reuse the walk while nothing changed.
+"""Reading one checkpoint graph again and again: replay the walk while nothing changed.
 
 A training loop (or an evaluation job polling for new checkpoints) reads checkpoints of one
 program into one ``Checkpoint``. The restore walk — binding 100,000 nodes to 100,000 objects by
 local name — gives the same result every time unless the checkpoint's object graph or the
-program's structure changed, so each ``Checkpoint`` keeps a :class:`RestoreReuse`:
+program's structure changed, so each ``Checkpoint`` keeps a :class:`RestoreReplay`:
 
 - the object graph of its last read (:class:`~trackpoint.checkpoint.saved_graph.SavedGraph`),
-  reused when the next checkpoint's graph has the same bytes;
+  kept when the next checkpoint's graph has the same bytes;
 - after a read whose walk met exactly the program's object graph (every live child bound to the
   checkpoint node of its name, in order; no slot variables, registered savers or objects the
   checkpoint shares differently), a
   :class:`~trackpoint.graph.structure.StructureSnapshot` of that structure and a
-  :class:`RestoreTemplate` of the walk's result.
+  :class:`WalkReplay` of the walk's result.
 
-The next read replays the template instead of walking when, and only when, the graph is the
+The next read replays that walk instead of walking when, and only when, the graph is the
 same (equal bytes) and the snapshot says the structure is unchanged (every object alive, same
 children by name and identity, leaves still leaves). Everything the walk derives from those two
 is then the same: which node is bound to which object, the checkpoint key of every plain
-variable, the nodes left for deferred restoration. What may differ between two reads of one
-structure is asked again: values are read and verified anew, and every object that is not a
-plain variable is planned again (a container's plain values may have changed). A different
-graph, a changed structure or a failed read drops the template; the next read walks.
+leaf planned from the checkpoint's attributes (its class declares ``_whole_value_names``), the
+nodes left for deferred restoration. What may differ between two reads of one structure is
+asked again: values are read and verified anew, and every other object is planned again (a
+container's plain values may have changed). A different graph, a changed structure or a failed
+read drops the recorded walk; the next read walks.
 
 The snapshot also serves the load status: ``assert_*`` methods that would walk the program
 again ask the snapshot instead, and walk only if the structure changed since the read.
@@ -32,7 +33,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from trackpoint.checkpoint.restore import CheckpointPosition, RestoreCoordinator
-from trackpoint.checkpoint.restore_plan import RestorePlan, WalkRecord
+from trackpoint.checkpoint.restore_plan import PlannedBatch, RestorePlan, WalkRecord
 from trackpoint.checkpoint.saved_graph import SavedGraph
 from trackpoint.graph.keys import SAVE_COUNTER
 from trackpoint.graph.structure import StructureSnapshot
@@ -43,24 +44,25 @@ if TYPE_CHECKING:
     from trackpoint.saving.options import CheckpointOptions
     from trackpoint.tracking.base import Trackable
 
-__all__ = ["RestoreReuse", "RestoreTemplate"]
+__all__ = ["RestoreReplay", "WalkReplay"]
 
 
-
-class RestoreTemplate:
+class WalkReplay:
     """The result of one top-level walk, by position in the snapshot's node order.
 
     ``node_ids[i]`` is the checkpoint node bound to the snapshot's object ``i``.
     """
 
-    __slots__ = ("deferred", "general", "keys", "node_ids", "target_index", "target_nodes")
+    __slots__ = ("batches", "deferred", "general", "node_ids")
 
     def __init__(self, record: WalkRecord, plan: RestorePlan) -> None:
         self.node_ids = [node_id for node_id, _ in record.queue]
-        self.target_index = record.target_index  # object index of each plain variable
-        self.keys = plan.keys  # its checkpoint key
-        self.target_nodes = plan.nodes  # its node
-        self.general = record.general  # (object index, variables before it): planned anew
+        self.general = record.general  # object index of each object planned anew
+        # (class, general objects before it, object index of each, the walk's batch): each
+        # object of a batch restored from the same keys as the walk planned
+        self.batches = [
+            (cls, *record.batches[cls], batch) for cls, batch in plan.batches.items()
+        ]
         self.deferred = record.deferred  # (parent's object index, local name, node id)
 
     def replay(
@@ -71,31 +73,33 @@ class RestoreTemplate:
         coordinator.object_by_proto_id.bind_many(node_ids, objects)
         coordinator.matched_proto_ids.update(node_ids)
         plan.bound.extend(node_ids)  # first: a failure below forgets every binding
-        targets = list(map(objects.__getitem__, self.target_index))
         nodes = coordinator.proto.nodes
-        start = 0
-        for index, position in self.general:
-            plan.targets.extend(targets[start:position])  # type: ignore[arg-type]
-            start = position
-            node_id = node_ids[index]
-            if not coordinator.plan_node(plan, node_id, nodes[node_id], objects[index]):
-                plan.unassigned.append(node_id)
-        plan.targets.extend(targets[start:])  # type: ignore[arg-type]
-        plan.keys.extend(self.keys)
-        plan.nodes.extend(self.target_nodes)
+        batches = iter(self.batches)
+        waiting = next(batches, None)
+        for done, index in enumerate([*self.general, None]):
+            while waiting is not None and (index is None or waiting[1] <= done):
+                cls, _, indexes, walked = waiting
+                batch = plan.batches[cls] = PlannedBatch(walked.names, len(plan.items))
+                batch.objects = list(map(objects.__getitem__, indexes))
+                batch.keys, batch.nodes = walked.keys, walked.nodes  # read only from here on
+                waiting = next(batches, None)
+            if index is not None:
+                node_id = node_ids[index]
+                if not coordinator.plan_node(plan, node_id, nodes[node_id], objects[index]):
+                    plan.unassigned.append(node_id)
         for parent, name, node_id in self.deferred:
             plan.deferred.append((objects[parent], name, CheckpointPosition(coordinator, node_id)))
 
 
 class _Kept(NamedTuple):
-    """One read's reusable result (kept as one value: a concurrent read sees all or none)."""
+    """What one read lends the next (kept as one value: a concurrent read sees all or none)."""
 
     graph: SavedGraph
     snapshot: StructureSnapshot
-    template: RestoreTemplate
+    walk: WalkReplay
 
 
-class RestoreReuse:
+class RestoreReplay:
     """What one ``Checkpoint``'s last read lends the next (see the module docstring)."""
 
     __slots__ = ("_counter", "_graph", "_kept")
@@ -142,7 +146,7 @@ class RestoreReuse:
         own: Mapping[int, Trackable] | None = None,
     ) -> tuple[RestoreCoordinator, StructureSnapshot | None]:
         """Restore ``view``'s objects from the checkpoint: replay the last walk if nothing
-        changed, else walk (and keep what the next read may reuse). ``own``: the checkpoint's
+        changed, else walk (and keep what the next read may replay). ``own``: the checkpoint's
         own objects the program does not hold yet (see :meth:`RestoreCoordinator.execute`).
 
         Returns:
@@ -155,7 +159,7 @@ class RestoreReuse:
         objects = kept.snapshot.unchanged() if kept is not None and kept.graph is graph else None
         try:
             if kept is not None and objects is not None and objects[0] is root:
-                plan, replay = RestorePlan(), kept.template.replay
+                plan, replay = RestorePlan(), kept.walk.replay
                 coordinator.execute(plan, lambda: replay(coordinator, objects, plan), own=own)
             else:
                 refs = view.list_children(root)
@@ -175,7 +179,7 @@ class RestoreReuse:
 def _keep(
     view: ObjectGraphView, graph: SavedGraph, record: WalkRecord | None, plan: RestorePlan | None
 ) -> _Kept | None:
-    """The snapshot and template of a walk, if it met exactly the program's object graph."""
+    """The snapshot and replay of a walk, if it met exactly the program's object graph."""
     if record is None or record.failed or plan is None:
         return None
     if plan.registered or plan.pending_slots or plan.slots_taken or plan.seen:
@@ -186,4 +190,4 @@ def _keep(
     snapshot = StructureSnapshot.capture(view, objects, record.children)
     if snapshot is None:
         return None
-    return _Kept(graph, snapshot, RestoreTemplate(record, plan))
+    return _Kept(graph, snapshot, WalkReplay(record, plan))
