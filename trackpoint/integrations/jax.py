@@ -41,6 +41,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from trackpoint._gc import collector_paused
 from trackpoint._types import PathLike, fspath
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph.serialize import serialize_graph
@@ -99,9 +100,12 @@ def write(prefix: PathLike, tree: Any, *, options: CheckpointOptions | None = No
             "use ckpt = tp.Checkpoint(**tree); ckpt.write(prefix, "
             "tp.CheckpointOptions(enable_async=True)); ckpt.sync()"
         )
-    root = tree_trackable(tree)
-    graph = serialize_graph(ObjectGraphView(root), registered_saver_for=get_registered_saver_name)
-    return MultiDeviceSaver(graph.tensors, graph.registered_savers).save(fspath(prefix), options)
+    with collector_paused():  # see trackpoint._gc: many leaves allocate many containers
+        root = tree_trackable(tree)
+        view = ObjectGraphView(root)
+        graph = serialize_graph(view, registered_saver_for=get_registered_saver_name)
+        saver = MultiDeviceSaver(graph.tensors, graph.registered_savers)
+        return saver.save(fspath(prefix), options)
 
 
 def snapshot_to_host(tree: Any) -> Any:

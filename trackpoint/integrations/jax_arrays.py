@@ -13,10 +13,14 @@ and are refused when the value is tracked. Typed PRNG keys are saved as their ``
 their implementation (and a weakly typed array's ``weak_type``) as a small JSON value next to
 it (``jax_metadata.py``).
 
-The device-to-host copy of a save overlaps across leaves: ``_serialize_to_tensors`` starts
-``copy_to_host_async()`` on every shard and returns callables that wait for it; graph
+The device-to-host copy of a save overlaps across leaves: ``_serialize_to_tensors`` (and its
+batch form ``_serialize_many``, which the graph serializer calls with every leaf of a save)
+starts ``copy_to_host_async()`` on every shard and returns callables that wait for it; graph
 serialization asks every object for its values before the saver calls any callable, so all
-transfers are in flight before the first wait.
+transfers are in flight before the first wait. On CPU the device buffer is host memory, and
+no copy is started. A leaf is checked once, when its adapter is made (dtype, once per dtype);
+a save asks only what can change between saves: whether the array was deleted (donated), and
+what its sharding says (once per distinct sharding).
 
 JAX arrays are immutable, so these adapters cannot be restored in place:
 ``Checkpoint.read``/``restore`` refuse them and ``tp.jax.restore`` returns new arrays.
@@ -33,8 +37,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -43,7 +48,13 @@ import numpy as np
 from trackpoint.bundle.dtypes import datatype_for
 from trackpoint.bundle.slice_spec import TensorSlice, format_slice_spec
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
-from trackpoint.integrations.jax_metadata import JAX_METADATA, is_key_array, metadata_of
+from trackpoint.integrations.jax_metadata import (
+    JAX_METADATA,
+    is_key_array,
+    is_key_dtype,
+    metadata_of,
+)
+from trackpoint.integrations.jax_placement import single_device
 from trackpoint.saving.change_tracking import ValueVersion
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
 from trackpoint.tracking.save_check import SaveChecked
@@ -88,12 +99,19 @@ _IMMUTABLE_HINT = (
 )
 
 
+# dtypes a checkpoint can hold, once known: a tree of 100,000 leaves has a handful of dtypes.
+_storable: dict[Any, np.dtype[Any]] = {}
+
+
 def check_storable_dtype(dtype: Any, *, what: str) -> np.dtype[Any]:
     """``dtype`` as a numpy dtype a TensorFlow checkpoint can hold.
 
     Raises:
         InvalidArgumentError: no TF DataType exists for it (names ``what``).
     """
+    known = _storable.get(dtype)
+    if known is not None:
+        return known
     np_dtype: np.dtype[Any] = np.dtype(dtype)
     try:
         datatype_for(np_dtype)
@@ -102,6 +120,7 @@ def check_storable_dtype(dtype: Any, *, what: str) -> np.dtype[Any]:
             f"{what} has dtype {np_dtype}, which TensorFlow checkpoints cannot store ({exc}). "
             "Cast it (e.g. x.astype(jnp.float32)) or keep it out of the checkpoint"
         ) from exc
+    _storable[dtype] = np_dtype
     return np_dtype
 
 
@@ -112,14 +131,15 @@ def check_array(array: jax.Array, *, what: str, saving: bool = False) -> None:
     Raises:
         InvalidArgumentError: names ``what`` and the problem.
     """
-    if not array.is_fully_addressable and (saving and not _process_group_save.get()):
+    if saving and not _process_group_save.get() and not array.is_fully_addressable:
         raise InvalidArgumentError(
             f"{what} (a jax.Array of shape {array.shape}) spans several processes; save it "
             "from every process with trackpoint.distributed.DistributedCheckpoint (one process "
             "alone holds only its own shards)"
         )
-    if not is_key_array(array):  # key arrays are saved as their uint32 key_data
-        check_storable_dtype(array.dtype, what=f"{what} (a jax.Array of shape {array.shape})")
+    dtype = array.dtype
+    if dtype not in _storable and not is_key_dtype(dtype):  # keys: saved as uint32 key_data
+        check_storable_dtype(dtype, what=f"{what} (a jax.Array of shape {array.shape})")
 
 
 def index_bounds(
@@ -189,6 +209,43 @@ def host_value(data: jax.Array) -> Callable[[], np.ndarray]:
     return wait
 
 
+def _array_values(tracked: jax.Array) -> dict[str, Any]:
+    """What :class:`ArrayLeaf` saves of ``tracked``: its value (whole, or by shards) and, if the
+    bytes do not say everything, its metadata.
+
+    The usual leaf, on one device of this process, is saved whole with no shard bookkeeping
+    (what a sharding says is asked once per distinct sharding); its copy to host is started
+    now, except on CPU, where the device buffer is host memory already.
+    """
+    if tracked.is_deleted():  # the graph walk names the path before this is reached
+        raise FailedPreconditionError(_deleted_message(tracked, "Cannot use a tracked jax.Array"))
+    key = is_key_dtype(tracked.dtype)
+    array = jax.random.key_data(tracked) if key else tracked
+    device = single_device(array.sharding)
+    values: dict[str, Any]
+    if device is not None:
+        if device.platform != "cpu":
+            array.copy_to_host_async()
+        values = {VARIABLE_VALUE_KEY: functools.partial(np.asarray, array)}
+    else:
+        shape = tuple(array.shape)
+        slices = shard_slices(array)
+        if len(slices) == 1 and slices[0][0] is None:
+            values = {VARIABLE_VALUE_KEY: host_value(slices[0][1])}
+        else:
+            values = {
+                VARIABLE_VALUE_KEY: {
+                    format_slice_spec(shape, tensor_slice): host_value(data)
+                    for tensor_slice, data in slices
+                    if tensor_slice is not None
+                }
+            }
+    metadata = metadata_of(tracked)
+    if metadata is not None:  # a key's implementation, weak_type: not in the bytes
+        values[JAX_METADATA] = metadata.to_value()
+    return values
+
+
 def _deleted_message(array: jax.Array, where: str) -> str:
     return (
         f"{where}: the jax.Array there (shape {tuple(array.shape)}, dtype "
@@ -226,28 +283,13 @@ class ArrayLeaf(SaveChecked, Trackable):
 
     def _serialize_to_tensors(self) -> dict[str, Any]:
         # docstring inherited
-        if self._array.is_deleted():  # the graph walk names the path before this is reached
-            raise FailedPreconditionError(
-                _deleted_message(self._array, "Cannot use a tracked jax.Array")
-            )
-        array = jax.random.key_data(self._array) if is_key_array(self._array) else self._array
-        shape = tuple(array.shape)
-        slices = shard_slices(array)
-        values: dict[str, Any]
-        if len(slices) == 1 and slices[0][0] is None:
-            values = {VARIABLE_VALUE_KEY: host_value(slices[0][1])}
-        else:
-            values = {
-                VARIABLE_VALUE_KEY: {
-                    format_slice_spec(shape, tensor_slice): host_value(data)
-                    for tensor_slice, data in slices
-                    if tensor_slice is not None
-                }
-            }
-        metadata = metadata_of(self._array)
-        if metadata is not None:  # a key's implementation, weak_type: not in the bytes
-            values[JAX_METADATA] = metadata.to_value()
-        return values
+        return _array_values(self._array)
+
+    @classmethod
+    def _serialize_many(cls, trackables: Sequence[Trackable]) -> list[dict[str, Any]]:
+        """The values of many leaves (as ``_serialize_to_tensors``): every host copy is started
+        before the saver waits for any."""
+        return [_array_values(leaf._array) for leaf in trackables]  # type: ignore[attr-defined]
 
     def _value_versions(self) -> dict[str, ValueVersion | None]:
         """Incremental saves: a jax.Array is immutable, so the same array is the same value."""
@@ -270,6 +312,9 @@ class ScalarLeaf(Trackable):
         InvalidArgumentError: the value does not fit a fixed-width dtype (e.g. an int >= 2**63).
     """
 
+    # Every scalar leaf saves exactly its one whole value (restoring it in place is refused).
+    _whole_value_names = (VARIABLE_VALUE_KEY,)
+
     def __init__(self, value: Any, *, what: str = "a scalar leaf") -> None:
         try:
             array = np.asarray(value)
@@ -289,6 +334,11 @@ class ScalarLeaf(Trackable):
     def _serialize_to_tensors(self) -> dict[str, Any]:
         # docstring inherited
         return {VARIABLE_VALUE_KEY: self._array}
+
+    @classmethod
+    def _serialize_many(cls, trackables: Sequence[Trackable]) -> list[dict[str, Any]]:
+        # docstring inherited
+        return [{VARIABLE_VALUE_KEY: leaf._array} for leaf in trackables]  # type: ignore[attr-defined]
 
     def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
         # docstring inherited: raised before any object of the restore changes

@@ -9,7 +9,10 @@ stores the tensor in slices, each box is read with ``BundleReader.read_slice``, 
 only the stored slices that intersect it, so a sharded checkpoint is resharded without reading
 everything on every device), put on each device that holds that index, and assembled with
 ``jax.make_array_from_single_device_arrays``. A PRNG key is rebuilt from its ``key_data`` with
-the implementation the plan resolved; a weakly typed leaf is made weak again.
+the implementation the plan resolved; a weakly typed leaf is made weak again. The engine hands
+every leaf of a restore to one ``LeafTarget._prepare_restores`` call, which places the leaves
+bound for one local device (most of them) in one batch (``jax_placement.py``), and each
+sharding's boxes are computed once per distinct (sharding, shape).
 
 In a multi-process JAX job the target's sharding is global, and its
 ``addressable_devices_indices_map`` names this process's devices only: each process reads the
@@ -19,8 +22,7 @@ processes is needed, each reads the shared checkpoint itself).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +31,16 @@ import numpy as np
 
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.bundle.slice_spec import TensorSlice, format_slice_spec
+from trackpoint.errors import InvalidArgumentError
 from trackpoint.integrations.jax_arrays import index_bounds
 from trackpoint.integrations.jax_metadata import with_weak_type
+from trackpoint.integrations.jax_placement import (
+    Placement,
+    default_sharding,
+    place,
+    placement,
+    single_device,
+)
 from trackpoint.saving.restore import RestoreItem
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
 
@@ -58,11 +68,6 @@ class LeafSpec:
     """For a jax leaf (not a key): make the result weakly typed."""
 
 
-def default_sharding() -> jax.sharding.Sharding:
-    """Where a jax leaf without a sharding goes: the first local device."""
-    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-
-
 def abstract_array(
     shape: tuple[int, ...], dtype: np.dtype[Any], sharding: jax.sharding.Sharding | None = None
 ) -> jax.ShapeDtypeStruct:
@@ -75,44 +80,121 @@ def _is_jax(target: Any) -> bool:
     return isinstance(target, (jax.Array, jax.ShapeDtypeStruct))
 
 
+# What a leaf is built as (LeafTarget._kind).
+_HOST = 0  # a numpy array or a scalar
+_WHOLE = 1  # a jax array on one local device, from the whole stored value
+_SHARDS = 2  # a jax array assembled from boxes on several devices, or a PRNG key
+
+# (sharding, shape) -> {box bounds: devices holding it}: a model has a handful of each.
+_layouts: dict[tuple[jax.sharding.Sharding, tuple[int, ...]], dict[Any, list[Any]]] = {}
+
+
+def _boxes_of(
+    sharding: jax.sharding.Sharding, shape: tuple[int, ...]
+) -> dict[tuple[tuple[int, int], ...], list[Any]]:
+    """One box per distinct shard index of ``sharding`` on this process, with its devices."""
+    key = (sharding, shape)
+    boxes = _layouts.get(key)
+    if boxes is None:
+        boxes = {}
+        for device, index in sharding.addressable_devices_indices_map(shape).items():
+            bounds = (
+                index_bounds(index, shape)
+                if index is not None
+                else tuple((0, size) for size in shape)  # the whole array on this device
+            )
+            boxes.setdefault(bounds, []).append(device)
+        if len(_layouts) >= 4096:
+            _layouts.clear()
+        _layouts[key] = boxes
+    return boxes
+
+
 class LeafTarget(Trackable):
     """One leaf of the result, as the restore engine sees it.
 
     The engine reads and verifies the leaf's value (or, for a checkpoint that stores the tensor
-    in slices, one box per distinct shard index of the target's sharding); ``_prepare_restore``
-    builds the new leaf from the verified bytes, and its apply step stores it in ``results``.
+    in slices, one box per distinct shard index of the target's sharding); ``_prepare_restores``
+    builds the new leaves of a whole restore from the verified bytes, the single-device ones in
+    one batch (``jax_placement.place``), and its apply step stores them in ``results``.
     """
 
     def __init__(self, leaf: LeafSpec, shape: tuple[int, ...], results: list[Any]) -> None:
         self._leaf = leaf
         self._shape = shape
         self._results = results
-        self._boxes: dict[tuple[tuple[int, int], ...], list[Any]] = {}
         target = leaf.target
-        if _is_jax(target) and leaf.prng_impl is None:
-            sharding = target.sharding if target.sharding is not None else default_sharding()
-            for device, index in sharding.addressable_devices_indices_map(shape).items():
-                bounds = (
-                    index_bounds(index, shape)
-                    if index is not None
-                    else tuple((0, size) for size in shape)  # the whole array on this device
-                )
-                self._boxes.setdefault(bounds, []).append(device)
+        self._sharding: jax.sharding.Sharding | None = None
+        self._placement: Placement | None = None
+        if not _is_jax(target):
+            self._kind = _HOST
+            return
+        sharding = target.sharding
+        self._sharding = sharding if sharding is not None else default_sharding()
+        if leaf.prng_impl is None and single_device(self._sharding) is not None:
+            self._kind = _WHOLE
+            self._placement = placement(
+                shape, np.dtype(target.dtype), leaf.weak_type, self._sharding
+            )
+        else:
+            self._kind = _SHARDS
+
+    def _boxes(self) -> dict[tuple[tuple[int, int], ...], list[Any]]:
+        if self._sharding is None or self._leaf.prng_impl is not None:
+            return {}  # keys and host leaves are read whole
+        return _boxes_of(self._sharding, self._shape)
 
     def box_specs(self) -> dict[str, None]:
         """``{slice spec: None}`` of every box to read from a checkpoint that stores slices."""
         specs: dict[str, None] = {}
-        for bounds in self._boxes:
+        for bounds in self._boxes():
             tensor_slice = TensorSlice.from_bounds(
                 [start for start, _ in bounds], [stop - start for start, stop in bounds]
             )
             specs[format_slice_spec(self._shape, tensor_slice)] = None
         return specs
 
+    @classmethod
+    def _prepare_restores(
+        cls,
+        trackables: Sequence[Trackable],
+        restored: Sequence[Mapping[str, Any]],
+        on_error: Callable[[int, InvalidArgumentError], BaseException],
+    ) -> Callable[[], None]:
+        """Build every leaf of ``trackables`` (nothing of the program changes): those bound
+        for one local device whole, in one batch; the step stores each in its results."""
+        targets: Sequence[LeafTarget] = trackables  # type: ignore[assignment]
+        values: list[Any] = [None] * len(targets)
+        batch: list[int] = []
+        arrays: list[np.ndarray] = []
+        placements: list[Placement] = []
+        for index, (target, saved) in enumerate(zip(targets, restored, strict=True)):
+            value = saved[VARIABLE_VALUE_KEY]
+            where = target._placement
+            if where is not None and not isinstance(value, Mapping):
+                batch.append(index)
+                arrays.append(value)
+                placements.append(where)
+                continue
+            try:
+                values[index] = target._build(value)
+            except InvalidArgumentError as exc:
+                error = on_error(index, exc)
+                if error is exc:  # one object alone (_prepare_restore): its own error
+                    raise
+                raise error from exc
+        for index, array in zip(batch, place(arrays, placements)):
+            values[index] = array
+
+        def apply() -> None:
+            for target, value in zip(targets, values):
+                target._results[target._leaf.position] = value
+
+        return apply
+
     def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
         # docstring inherited: builds the new leaf; nothing of the program changes
-        value = self._build(restored_tensors[VARIABLE_VALUE_KEY])
-        return functools.partial(self._results.__setitem__, self._leaf.position, value)
+        return type(self)._prepare_restores([self], [restored_tensors], _reraise)
 
     def _box(self, saved: Any, bounds: tuple[tuple[int, int], ...]) -> np.ndarray:
         """A new array holding ``bounds`` (safe to hand to a device: owns its memory)."""
@@ -124,16 +206,18 @@ class LeafTarget(Trackable):
         return np.array(saved[tuple(slice(s, e) for s, e in bounds)], copy=True)
 
     def _build(self, saved: Any) -> Any:
+        """The leaf from its verified value, one leaf at a time (host leaves, keys, shards)."""
         leaf = self._leaf
         target = leaf.target
-        if not _is_jax(target):
+        if self._kind == _HOST:
             value = np.array(saved, copy=True)
             if isinstance(target, np.ndarray):
                 return value
             if isinstance(target, np.generic):
                 return value[()]
             return type(target)(value[()])
-        sharding = target.sharding if target.sharding is not None else default_sharding()
+        sharding = self._sharding
+        assert sharding is not None
         if leaf.prng_impl is not None:
             data = jax.numpy.asarray(np.array(saved, copy=True))
             keys = jax.random.wrap_key_data(data, impl=leaf.prng_impl)
@@ -147,18 +231,25 @@ class LeafTarget(Trackable):
             ]
             return jax.make_array_from_single_device_arrays(keys.shape, sharding, parts)
         memory_kind = getattr(sharding, "memory_kind", None)
-        arrays = []
-        for bounds, devices in self._boxes.items():
+        pieces: list[np.ndarray] = []
+        placements: list[Placement] = []
+        for bounds, devices in self._boxes().items():
             piece = self._box(saved, bounds)
             for device in devices:
-                placement = jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)
-                arrays.append(jax.device_put(piece, placement))
+                pieces.append(piece)
+                on = jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)
+                placements.append(placement(piece.shape, piece.dtype, False, on))
+        arrays = place(pieces, placements)
         array = jax.make_array_from_single_device_arrays(self._shape, sharding, arrays)
         return with_weak_type(array) if leaf.weak_type else array
 
 
+def _reraise(index: int, exc: InvalidArgumentError) -> BaseException:
+    return exc
+
+
 def restore_item(
-    leaf: LeafSpec, reader: BundleReader, results: list[Any], label: str
+    leaf: LeafSpec, reader: BundleReader, results: list[Any], label: str | Callable[[], str]
 ) -> RestoreItem:
     """The engine's item for ``leaf``: its value is stored in ``results`` when applied.
 
@@ -166,6 +257,9 @@ def restore_item(
     unsliced one is read, and verified, once and cut into boxes from the mapping.
     """
     target = LeafTarget(leaf, tuple(reader.shape(leaf.key)), results)
-    sliced = bool(reader.slices(leaf.key)) and bool(target.box_specs())
-    layouts = {VARIABLE_VALUE_KEY: target.box_specs()} if sliced else None
+    layouts = None
+    if target._kind != _HOST and reader.slices(leaf.key):
+        specs = target.box_specs()
+        if specs:
+            layouts = {VARIABLE_VALUE_KEY: specs}
     return RestoreItem(target, {VARIABLE_VALUE_KEY: leaf.key}, label, layouts)

@@ -38,6 +38,7 @@ __all__ = [
     "ArrayMetadata",
     "decode_metadata",
     "is_key_array",
+    "is_key_dtype",
     "key_data_spec",
     "key_impl_name",
     "metadata_of",
@@ -50,10 +51,23 @@ _PRNG_IMPL = "prng_impl"
 _WEAK_TYPE = "weak_type"
 
 
+# dtype -> whether it is a PRNG key dtype: ``jnp.issubdtype`` costs microseconds, and a tree of
+# 100,000 leaves has a handful of dtypes (dtypes are hashable and never change meaning).
+_key_dtypes: dict[Any, bool] = {}
+
+
+def is_key_dtype(dtype: Any) -> bool:
+    """True for a typed PRNG key dtype (``key<fry>``); answered once per dtype."""
+    known = _key_dtypes.get(dtype)
+    if known is None:
+        known = _key_dtypes[dtype] = bool(jax.numpy.issubdtype(dtype, jax.dtypes.prng_key))
+    return known
+
+
 def is_key_array(value: Any) -> bool:
     """True for a typed PRNG key array (``jax.random.key``), concrete or abstract
     (``jax.ShapeDtypeStruct`` of a key dtype); keys are stored as their ``key_data``."""
-    return bool(jax.numpy.issubdtype(value.dtype, jax.dtypes.prng_key))
+    return is_key_dtype(value.dtype)
 
 
 @dataclass(frozen=True, slots=True)

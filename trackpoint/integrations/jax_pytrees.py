@@ -30,6 +30,7 @@ import jax
 import numpy as np
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
+from trackpoint._gc import collector_paused
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.integrations.jax_arrays import ScalarLeaf, check_array, check_storable_dtype
 from trackpoint.tracking.adapters import is_adaptable, to_trackable
@@ -87,6 +88,10 @@ def _is_leaf(value: Any) -> bool:
     return isinstance(value, Trackable)
 
 
+def _is_leaf_at(path: Any, value: Any) -> bool:
+    return isinstance(value, Trackable)  # _is_leaf, in the form jax calls without a wrapper
+
+
 def leaves_with_names(tree: Any) -> tuple[list[tuple[tuple[str, ...], Any, Any]], Any]:
     """Every leaf of ``tree`` with its local names from the root and its jax key path.
 
@@ -98,22 +103,37 @@ def leaves_with_names(tree: Any) -> tuple[list[tuple[tuple[str, ...], Any, Any]]
             children of one node get the same name (e.g. dict keys ``1`` and ``"1"``).
     """
     try:
-        flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)
+        flat, treedef = jax.tree_util.tree_flatten_with_path(
+            tree, is_leaf=_is_leaf_at, is_leaf_takes_path=True
+        )
     except (TypeError, ValueError) as exc:  # e.g. dict keys jax cannot sort
         raise InvalidArgumentError(f"cannot flatten the pytree to checkpoint it: {exc}") from exc
     out = []
-    # names of every node seen -> its key path: two different keys with one name collide.
-    seen: dict[tuple[str, ...], tuple[Any, ...]] = {}
+    # A trie of the names seen, each name holding the key entry that took it: two different
+    # keys of one node with one name collide. jax shares the entries of a common prefix among
+    # leaves, so the name of each entry is computed once (by identity, while flat holds it).
+    root: dict[str, tuple[Any, dict[str, Any]]] = {}
+    name_of: dict[int, str] = {}
     for path, leaf in flat:
-        names = tuple(local_name(entry) for entry in path)
-        for depth in range(1, len(path) + 1):
-            other = seen.setdefault(names[:depth], tuple(path[:depth]))
-            if other != tuple(path[:depth]):
+        node = root
+        names: list[str] = []
+        for entry in path:
+            name = name_of.get(id(entry))
+            if name is None:
+                name = name_of[id(entry)] = local_name(entry)
+            slot = node.get(name)
+            if slot is None:
+                slot = node[name] = (entry, {})
+            elif slot[0] is not entry and slot[0] != entry:
+                depth = len(names) + 1
+                other = (*path[: depth - 1], slot[0])
                 raise InvalidArgumentError(
                     f"pytree keys {readable(other)} and {readable(path[:depth])} get the same "
-                    f"checkpoint name {'/'.join(names[:depth])!r}; rename one of them"
+                    f"checkpoint name {'/'.join((*names, name))!r}; rename one of them"
                 )
-        out.append((names, tuple(path), leaf))
+            names.append(name)
+            node = slot[1]
+        out.append((tuple(names), path, leaf))
     return out, treedef
 
 
@@ -131,6 +151,16 @@ def is_jax_pytree(value: Any) -> bool:
 
 def _children(tree: Any) -> Iterator[tuple[str, Any, Any]]:
     """``(local name, key entry, child)`` of one container level."""
+    kind = type(tree)
+    if kind is dict and all(type(key) is str for key in tree):
+        # What jax does for a dict of str keys (sorted keys, DictKey entries), without a flatten.
+        for key in sorted(tree):
+            yield key, DictKey(key), tree[key]
+        return
+    if kind is list or kind is tuple:
+        for index, child in enumerate(tree):
+            yield str(index), SequenceKey(index), child
+        return
     # Not flatten_one_level_with_keys: jax 0.10 gives every namedtuple field the first
     # field's key there. Flattening with every child as a leaf gives the right keys.
     pairs, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)
@@ -139,15 +169,43 @@ def _children(tree: Any) -> Iterator[tuple[str, Any, Any]]:
 
 
 def _has_leaves(value: Any) -> bool:
-    return bool(jax.tree_util.tree_leaves(value, is_leaf=_is_leaf))
+    """Whether the container ``value`` holds a leaf (plain containers: up to the first one)."""
+    kind = type(value)
+    if kind is dict:
+        children: Any = value.values()
+    elif kind is list or kind is tuple:
+        children = value
+    else:
+        return bool(jax.tree_util.tree_leaves(value, is_leaf=_is_leaf))
+    for child in children:
+        if child is not None and (isinstance(child, jax.Array) or _has_leaves(child)):
+            return True
+    return False
 
 
 def _is_container(value: Any) -> bool:
     """A pytree node (not a leaf); ``None`` counts as a leaf here."""
-    if value is None or _is_leaf(value):
+    kind = type(value)
+    if kind is dict or kind is list or kind is tuple:
+        return True
+    if value is None or isinstance(value, (jax.Array, Trackable)):
         return False
     leaves = jax.tree_util.tree_leaves(value, is_leaf=_is_leaf)
     return not (len(leaves) == 1 and leaves[0] is value)
+
+
+def _check_tree(tree: Any) -> None:
+    """Raise if a leaf of ``tree`` cannot be saved or a key cannot name a value (names the key
+    path); a jax array is checked by its dtype, once per dtype."""
+    with collector_paused():  # see trackpoint._gc: a large tree's paths are many containers
+        leaves, _ = leaves_with_names(tree)
+        dtypes: set[Any] = set()
+        for _, leaf_path, leaf in leaves:
+            if isinstance(leaf, jax.Array):
+                if leaf.dtype in dtypes:
+                    continue
+                dtypes.add(leaf.dtype)
+            check_leaf(leaf, leaf_path)
 
 
 class PyTreeNode(Trackable):
@@ -168,8 +226,7 @@ class PyTreeNode(Trackable):
 
     def __init__(self, tree: Any, path: tuple[Any, ...] = ()) -> None:
         if not path:
-            for _, leaf_path, leaf in leaves_with_names(tree)[0]:
-                check_leaf(leaf, leaf_path)
+            _check_tree(tree)
         self._tree = tree
         self._path = path
         self._children: dict[str, Trackable] | None = None
@@ -189,23 +246,29 @@ class PyTreeNode(Trackable):
     def _make_children(self, previous: dict[str, Trackable]) -> dict[str, Trackable]:
         children: dict[str, Trackable] = {}
         for name, entry, child in _children(self._tree):
-            path = (*self._path, entry)
             if name in children:
                 raise InvalidArgumentError(
                     f"two entries of the pytree node {readable(self._path)} get the checkpoint "
-                    f"name {name!r} (one is {readable(path)}); rename one of them"
+                    f"name {name!r} (one is {readable((*self._path, entry))}); rename one of them"
                 )
             old = previous.get(name)
             if _is_container(child):
                 if _has_leaves(child):
                     children[name] = (
                         old if isinstance(old, PyTreeNode) and old._tree is child
-                        else PyTreeNode(child, path)
+                        else PyTreeNode(child, (*self._path, entry))
                     )
             elif child is not None:
+                # An entry still holding the same object keeps its trackable: the adapter
+                # the registry would return (it is alive: held here), checked when made.
+                same = old is not None and (
+                    old is child
+                    or getattr(old, "_self_adapted_value", None) is child
+                    or (isinstance(old, ScalarLeaf) and old.value is child)
+                )
                 children[name] = (
-                    old if isinstance(old, ScalarLeaf) and old.value is child
-                    else leaf_trackable(child, path)
+                    old if same and old is not None
+                    else leaf_trackable(child, (*self._path, entry))
                 )
         fields = getattr(type(self._tree), "_fields", None)
         if isinstance(self._tree, tuple) and fields is not None:
@@ -276,6 +339,14 @@ def leaf_trackable(leaf: Any, path: tuple[Any, ...] = ()) -> Trackable:
     Raises:
         InvalidArgumentError: as :func:`check_leaf`.
     """
+    if isinstance(leaf, jax.Array):  # checked once, by its adapter; the message names path
+        try:
+            trackable = to_trackable(leaf)
+        except InvalidArgumentError:
+            check_leaf(leaf, path)
+            raise
+        assert trackable is not None  # jax arrays have an adapter
+        return trackable
     check_leaf(leaf, path)
     if isinstance(leaf, _SCALARS) and not isinstance(leaf, Trackable):
         return ScalarLeaf(leaf, what=f"the pytree leaf {readable(path)}")

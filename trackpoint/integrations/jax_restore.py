@@ -20,12 +20,14 @@ and its crc32c verified before any leaf is built, each jax leaf on the target's 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from trackpoint._gc import collector_paused
 from trackpoint._types import PathLike
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.errors import InvalidArgumentError
@@ -79,28 +81,41 @@ def _match(
             "values by key with tp.load_checkpoint() instead",
             path=prefix,
         )
+    # One pass over the graph: each node's children by local name, and the checkpoint keys of
+    # its value, its jax metadata and its first attribute (protobuf access is the cost here).
     children: list[dict[str, int]] = []
+    attributes: list[tuple[str | None, str | None, str | None]] = []
     for node in proto.nodes:
         edges: dict[str, int] = {}
         for child in node.children:
             edges.setdefault(child.local_name, child.node_id)
         children.append(edges)
+        key = metadata_key = first = None
+        for attribute in node.attributes:
+            name, checkpoint_key = attribute.name, attribute.checkpoint_key
+            if first is None:
+                first = checkpoint_key
+            if name == VARIABLE_VALUE_KEY:
+                key = checkpoint_key
+            elif name == JAX_METADATA:
+                metadata_key = checkpoint_key
+        attributes.append((key, metadata_key, first))
+    count = len(children)
     leaves, treedef = leaves_with_names(target)
     found: list[LeafSpec] = []
     missing: list[LeafSpec] = []
     used_nodes: set[int] = set()
+    has_tensor = reader.has_tensor
     for position, (names, path, leaf) in enumerate(leaves):
         node_id: int | None = 0
         for name in names:
             node_id = children[node_id].get(name) if node_id is not None else None
+            if node_id is not None and not 0 <= node_id < count:
+                node_id = None  # a dangling reference: nothing there
         key = metadata_key = None
-        if node_id is not None and 0 <= node_id < len(proto.nodes):
-            for attribute in proto.nodes[node_id].attributes:
-                if attribute.name == VARIABLE_VALUE_KEY:
-                    key = attribute.checkpoint_key
-                elif attribute.name == JAX_METADATA:
-                    metadata_key = attribute.checkpoint_key
-        if key is None or not reader.has_tensor(key):
+        if node_id is not None:
+            key, metadata_key, _ = attributes[node_id]
+        if key is None or not has_tensor(key):
             missing.append(LeafSpec(position, path, leaf, key or _expected_key(names)))
         else:
             assert node_id is not None
@@ -113,9 +128,9 @@ def _match(
         if counter is not None:
             ignored.add(counter)
     unused = sorted(
-        node.attributes[0].checkpoint_key
-        for node_id, node in enumerate(proto.nodes)
-        if node.attributes and node_id not in ignored
+        first
+        for node_id, (_, _, first) in enumerate(attributes)
+        if first is not None and node_id not in ignored
     )
     return found, missing, unused, treedef
 
@@ -184,7 +199,7 @@ def _resolve(reader: BundleReader, leaves: list[LeafSpec], prefix: str) -> list[
             continue
         if not is_key_array(target):
             weak = bool(getattr(target, "weak_type", False))
-            resolved.append(dataclasses.replace(leaf, weak_type=weak))
+            resolved.append(dataclasses.replace(leaf, weak_type=True) if weak else leaf)
             continue
         impl = key_impl_name(target)
         if leaf.metadata_key is not None:  # earlier checkpoints record none: the target decides
@@ -264,7 +279,8 @@ def restore(
     """
     CheckpointOptions.resolve(options)  # refuses anything but options or None
     prefix = resolve_prefix(path)
-    with CheckpointReader(prefix) as reader:
+    # collector_paused: see trackpoint._gc (a restore of many leaves allocates many containers)
+    with collector_paused(), CheckpointReader(prefix) as reader:
         if target is None:
             return restore_saved_tree(reader, prefix)
         found, missing, unused, treedef = _match(reader, target, prefix)
@@ -276,7 +292,10 @@ def restore(
         values: list[Any] = [None] * (len(found) + len(missing))
         for leaf in missing:
             values[leaf.position] = leaf.target
-        items = [restore_item(leaf, bundle, values, readable(leaf.path)) for leaf in found]
+        items = [
+            restore_item(leaf, bundle, values, functools.partial(readable, leaf.path))
+            for leaf in found
+        ]
         # The one restore engine: every value read and verified, then the leaves built.
         restore_items(items, bundle, prefix=prefix)
     return jax.tree_util.tree_unflatten(treedef, values)
