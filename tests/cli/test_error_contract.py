@@ -22,6 +22,7 @@ import pytest
 import trackpoint as tp
 from trackpoint.cli import inspect_cmds
 from trackpoint.cli.main import EXIT_DAMAGE, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, main
+from trackpoint.storage import CheckpointLocation
 
 JSON_COMMANDS = ["ls", "info", "objects", "verify", "stats", "tree"]
 EVERY_READER = [*JSON_COMMANDS, "cat", "report", "convert", "diff"]
@@ -160,9 +161,9 @@ def test_a_failure_after_output_leaves_only_the_error(
     """A command that printed its document and then failed: stdout holds the error alone."""
     real = inspect_cmds._files
 
-    def print_then_fail(prefix: str, num_shards: int) -> dict[str, object]:
-        real(prefix, num_shards)
-        raise tp.errors.DataLossError("late damage", path=prefix)
+    def print_then_fail(location: CheckpointLocation, num_shards: int) -> dict[str, object]:
+        real(location, num_shards)
+        raise tp.errors.DataLossError("late damage", path=location.prefix)
 
     monkeypatch.setattr(inspect_cmds, "_files", print_then_fail)
     code, out, _ = _run(["info", prefix, "--json"], capsys)

@@ -341,3 +341,25 @@ def test_cli_errors_propagate_as_checkpoint_errors(tmp_path):
 
     with pytest.raises(CheckpointError):
         _cli("convert", str(tmp_path / "missing"), str(tmp_path / "x.safetensors"))
+
+
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_torch_file_read_by_url(tmp_path, scheme):
+    # file:// is local (torch maps the file), memory:// is read through fsspec: one URL rule.
+    torch = pytest.importorskip("torch")
+    state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    if scheme == "file":
+        torch.save(state, tmp_path / "model.pt")
+        source = f"file://{tmp_path}/model.pt"
+    else:
+        pytest.importorskip("fsspec")
+        from trackpoint.storage import locate
+
+        source = f"memory://tp-convert-{tmp_path.name}/model.pt"
+        location = locate(source)
+        with location.storage.open_atomic(source) as out:
+            torch.save(state, out)
+    result = convert(source, tmp_path / "out.safetensors")
+    assert [target for _, target in result.names] == ["w"]
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    assert torch.equal(safetensors_torch.load_file(tmp_path / "out.safetensors")["w"], state["w"])

@@ -15,6 +15,7 @@ from trackpoint.storage import FsspecStorage, LocalStorage, is_url, storage_for
 
 def test_exported_names() -> None:
     assert sorted(trackpoint.storage.__all__) == [
+        "CheckpointLocation",
         "DirectoryLock",
         "FsspecStorage",
         "LocalStorage",
@@ -23,6 +24,7 @@ def test_exported_names() -> None:
         "RangeReader",
         "Storage",
         "is_url",
+        "locate",
         "storage_for",
     ]
 
@@ -36,6 +38,15 @@ def test_exported_names() -> None:
         ("s3://bucket/ckpt", True),
         ("gs://bucket", True),
         ("memory://x", True),
+        ("simplecache::s3://bucket/ckpt", True),  # fsspec's chained URL
+        ("filecache::memory://x", True),
+        ("simplecache::file:///tmp/ckpt", True),  # the chain is fsspec's, not a local path
+        ("file://relative/ckpt", False),
+        ("C:\\ckpt\\ckpt-1", False),  # Windows drive, not a scheme
+        ("C://ckpt", False),  # one letter: a drive to fsspec and Windows alike
+        ("dir/a::b", False),  # "::" inside a local name is no chain
+        ("/tmp/x://y", False),  # "://" inside a local path is no scheme
+        ("", False),
     ],
 )
 def test_is_url(path: str, expected: bool) -> None:
@@ -49,6 +60,16 @@ def test_local_paths_get_local_storage(tmp_path: Path, fsync: bool) -> None:
         assert isinstance(storage, LocalStorage)
         assert storage.fsync is fsync
         assert storage.supports_atomic_rename
+
+
+def test_local_name_with_colons_is_local(tmp_path: Path) -> None:
+    # "::" inside a local path is no fsspec chain: the storage and the state file agree.
+    path = str(tmp_path / "a::b" / "f")
+    storage = storage_for(path)
+    assert isinstance(storage, LocalStorage)
+    storage.makedirs(storage.dirname(path))
+    storage.write_bytes(path, b"x")
+    assert (tmp_path / "a::b" / "f").read_bytes() == b"x"
 
 
 def test_urls_get_fsspec_storage() -> None:

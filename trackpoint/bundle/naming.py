@@ -24,6 +24,6 @@ def resolve_storage(prefix: str, storage: Storage | None) -> Storage:
     """``storage`` if given, else the backend ``trackpoint.storage`` picks for ``prefix``."""
     if storage is not None:
         return storage
-    from trackpoint.storage import storage_for
+    from trackpoint.storage import locate
 
-    return storage_for(prefix)
+    return locate(prefix).storage

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from trackpoint.errors import FailedPreconditionError
 from trackpoint.management.state_file import checkpoint_directory, checkpoint_exists
-from trackpoint.storage import DirectoryLock, Storage, storage_for
+from trackpoint.storage import DirectoryLock, Storage, locate
 
 __all__ = ["hold_directory", "refuse_overwriting_live_writer", "refuse_replacing"]
 
@@ -70,10 +70,10 @@ def refuse_replacing(prefix: str, storage: Storage, counter: int) -> None:
 
 def refuse_overwriting_live_writer(prefix: str, storage: Storage | None) -> None:
     """Raise if ``prefix`` is a committed checkpoint in a directory another process holds."""
-    if not checkpoint_exists(prefix, storage=storage):
+    store = locate(prefix, storage=storage).storage
+    if not checkpoint_exists(prefix, storage=store):
         return
     directory = checkpoint_directory(prefix)
-    store = storage if storage is not None else storage_for(prefix)
     holder = store.lock_holder(directory)
     if holder is None:
         return

@@ -20,7 +20,7 @@ from trackpoint.bundle import BundleReader
 from trackpoint.cli.names import module_of
 from trackpoint.cli.output import Column, Output, format_number
 from trackpoint.cli.stats import array_chunks, tensor_pieces
-from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.paths import resolve_location
 
 __all__ = ["CheckpointDiff", "TensorDiff", "add_parser", "cmd_diff", "diff_checkpoints"]
 
@@ -268,8 +268,9 @@ def _render(out: Output, diff: CheckpointDiff, depth: int | None) -> None:
 def cmd_diff(args: argparse.Namespace, console: Console) -> int:
     """Run ``trackpoint diff``."""
     out = Output(console, json=args.json)
-    prefix_a, prefix_b = resolve_prefix(args.a), resolve_prefix(args.b)
-    with BundleReader(prefix_a) as a, BundleReader(prefix_b) as b:
+    at_a, at_b = resolve_location(args.a), resolve_location(args.b)
+    with BundleReader(at_a.prefix, storage=at_a.storage) as a, \
+            BundleReader(at_b.prefix, storage=at_b.storage) as b:
         with out.progress("comparing") as bar:
             diff = diff_checkpoints(a, b, progress=bar.update)
     if out.json_mode:

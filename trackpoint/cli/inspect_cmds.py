@@ -19,9 +19,9 @@ from trackpoint.cli.output import Column, Output
 from trackpoint.cli.progress import human_bytes
 from trackpoint.cli.stats import check_slices_cover
 from trackpoint.errors import CheckpointError, DataLossError, InvalidArgumentError
-from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.paths import resolve_location, resolve_prefix
 from trackpoint.management.reader import CheckpointReader
-from trackpoint.storage import storage_for
+from trackpoint.storage import CheckpointLocation
 
 __all__ = [
     "add_parsers",
@@ -82,10 +82,10 @@ def _dtype_name(reader: BundleReader, key: str) -> str:
 _NAMED_MISSING = 20
 
 
-def _present_shards(prefix: str, num_shards: int) -> list[int]:
+def _present_shards(location: CheckpointLocation, num_shards: int) -> list[int]:
     """Shard ids whose data file is in the directory: one listing, not one look-up per
     declared shard."""
-    storage = storage_for(prefix)
+    storage, prefix = location.storage, location.prefix
     base = storage.basename(prefix)
     head, tail = f"{base}.data-", f"-of-{num_shards:05d}"
     found = []
@@ -113,11 +113,11 @@ def _first_missing(present: list[int], num_shards: int) -> tuple[list[int], int]
     return first, count
 
 
-def data_file_sizes(prefix: str, num_shards: int) -> list[tuple[str, int]]:
-    """(file name, bytes) of each data file of the checkpoint at ``prefix``; -1 if missing
+def data_file_sizes(location: CheckpointLocation, num_shards: int) -> list[tuple[str, int]]:
+    """(file name, bytes) of each data file of the checkpoint at ``location``; -1 if missing
     (the first ``_NAMED_MISSING`` missing ones; :func:`missing_data_files` counts them all)."""
-    storage = storage_for(prefix)
-    present = _present_shards(prefix, num_shards)
+    storage, prefix = location.storage, location.prefix
+    present = _present_shards(location, num_shards)
     missing, _ = _first_missing(present, num_shards)
     out = []
     for shard in sorted(present + missing):
@@ -127,16 +127,16 @@ def data_file_sizes(prefix: str, num_shards: int) -> list[tuple[str, int]]:
     return out
 
 
-def missing_data_files(prefix: str, num_shards: int) -> int:
+def missing_data_files(location: CheckpointLocation, num_shards: int) -> int:
     """How many of the checkpoint's declared data files are not in its directory."""
-    return num_shards - len(_present_shards(prefix, num_shards))
+    return num_shards - len(_present_shards(location, num_shards))
 
 
-def damaged_data_files(prefix: str, num_shards: int) -> list[tuple[str, str]]:
+def damaged_data_files(location: CheckpointLocation, num_shards: int) -> list[tuple[str, str]]:
     """(data file, what is wrong) for each data file of ``prefix`` that is missing or is not a
     regular file (a FIFO, a directory...): damage that needs no byte read to see."""
-    storage = storage_for(prefix)
-    present = _present_shards(prefix, num_shards)
+    storage, prefix = location.storage, location.prefix
+    present = _present_shards(location, num_shards)
     missing, count = _first_missing(present, num_shards)
     damaged = []
     for shard in sorted(present + missing):
@@ -180,11 +180,12 @@ def cmd_ls(args: argparse.Namespace, console: Console) -> int:
             "ls --json lists tensors only; for files and shards as JSON use `trackpoint info "
             "--json PATH`"
         )
-    prefix = resolve_prefix(args.path)
-    with BundleReader(prefix) as reader:
+    location = resolve_location(args.path)
+    prefix = location.prefix
+    with BundleReader(prefix, storage=location.storage) as reader:
         tensors = _tensor_rows(reader)
         if out.json_mode:
-            _raise_damaged(prefix, damaged_data_files(prefix, reader.num_shards))
+            _raise_damaged(prefix, damaged_data_files(location, reader.num_shards))
             out.json(tensors)
             return 0
         out.table(
@@ -196,17 +197,17 @@ def cmd_ls(args: argparse.Namespace, console: Console) -> int:
         )  # fmt: skip
         out.line(f"{len(tensors)} tensors, {human_bytes(sum(t['bytes'] for t in tensors))}")
         if args.stats:
-            _print_files(out, _files(prefix, reader.num_shards))
+            _print_files(out, _files(location, reader.num_shards))
         # The listing needs the index only; a data file gone is still damage (exit 1).
-        _raise_damaged(prefix, damaged_data_files(prefix, reader.num_shards))
+        _raise_damaged(prefix, damaged_data_files(location, reader.num_shards))
     return 0
 
 
-def _files(prefix: str, num_shards: int) -> dict[str, Any]:
+def _files(location: CheckpointLocation, num_shards: int) -> dict[str, Any]:
     """The checkpoint's files and sizes: what ``trackpoint.metrics`` records for a save."""
-    storage = storage_for(prefix)
-    files = data_file_sizes(prefix, num_shards)
-    damaged = damaged_data_files(prefix, num_shards)
+    storage, prefix = location.storage, location.prefix
+    files = data_file_sizes(location, num_shards)
+    damaged = damaged_data_files(location, num_shards)
     index_bytes = storage.size(index_filename(prefix))
     # Data files with more than one name (hard links of incremental saves, docs/incremental.md)
     # hold bytes this checkpoint shares with others: deleting it frees none of them.
@@ -221,7 +222,7 @@ def _files(prefix: str, num_shards: int) -> dict[str, Any]:
         "num_shards": num_shards,
         "total_bytes": index_bytes + sum(max(size, 0) for _, size in files),
         "missing": [name for name, size in files if size < 0],
-        "missing_count": missing_data_files(prefix, num_shards),
+        "missing_count": missing_data_files(location, num_shards),
         "damaged": [{"file": name, "problem": problem} for name, problem in damaged],
         "shared_bytes": shared,
     }
@@ -255,9 +256,10 @@ def _print_files(out: Output, info: dict[str, Any]) -> None:
 def cmd_info(args: argparse.Namespace, console: Console) -> int:
     """Run ``trackpoint info``."""
     out = Output(console, json=args.json)
-    prefix = resolve_prefix(args.path)
-    with BundleReader(prefix) as reader:
-        info = _files(prefix, reader.num_shards)
+    location = resolve_location(args.path)
+    prefix = location.prefix
+    with BundleReader(prefix, storage=location.storage) as reader:
+        info = _files(location, reader.num_shards)
     if out.json_mode:
         out.json(info)
     else:
@@ -269,10 +271,13 @@ def cmd_info(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _verify(prefix: str, out: Output) -> tuple[list[tuple[str, str]], int, int]:
+def _verify(
+    location: CheckpointLocation, out: Output
+) -> tuple[list[tuple[str, str]], int, int]:
     """(damaged key or file, problem) pairs, tensors checked, bytes checked."""
+    prefix = location.prefix
     try:
-        reader = BundleReader(prefix)
+        reader = BundleReader(prefix, storage=location.storage)
     except DataLossError as exc:  # the index itself is damaged: that is damage, not usage
         return [(index_filename(prefix), str(exc))], 0, 0
     problems: list[tuple[str, str]] = []
@@ -299,8 +304,9 @@ def _verify(prefix: str, out: Output) -> tuple[list[tuple[str, str]], int, int]:
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     """Run ``trackpoint verify``: exit 1 when anything is damaged, with a report on stderr."""
     out = Output(console, json=args.json)
-    prefix = resolve_prefix(args.path)
-    problems, count, total = _verify(prefix, out)
+    location = resolve_location(args.path)
+    prefix = location.prefix
+    problems, count, total = _verify(location, out)
     if out.json_mode:
         out.json({
             "prefix": prefix, "ok": not problems, "tensors": count, "bytes": total,
@@ -320,8 +326,8 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_cat(args: argparse.Namespace, console: Console) -> int:
     """Run ``trackpoint cat``: the key may be a checkpoint key or a readable object path."""
-    prefix = resolve_prefix(args.path)
-    with CheckpointReader(prefix) as reader:
+    location = resolve_location(args.path)
+    with CheckpointReader(location.prefix, storage=location.storage) as reader:
         key = resolve_key(reader, args.key)
         value = reader.get_tensor(key)
     width = console.width if console.is_terminal else 10**6

@@ -20,9 +20,9 @@ from trackpoint.cli.output import Output, format_number
 from trackpoint.cli.progress import human_bytes
 from trackpoint.cli.stats import TensorStats, checkpoint_stats, module_totals
 from trackpoint.cli.tree import ObjectNode, build_object_tree
-from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.paths import resolve_location
 from trackpoint.management.reader import CheckpointReader
-from trackpoint.storage import storage_for
+from trackpoint.storage import locate
 
 __all__ = ["add_parser", "cmd_report", "render_report", "squarify", "treemap_svg"]
 
@@ -217,13 +217,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
     """Run ``trackpoint report``: the file appears whole (written under a temporary name)."""
     out = Output(console)
-    prefix = resolve_prefix(args.path)
-    with CheckpointReader(prefix) as reader:
+    location = resolve_location(args.path)
+    prefix = location.prefix
+    with CheckpointReader(prefix, storage=location.storage) as reader:
         root = build_object_tree(reader)
         with out.progress("reading") as bar:
             figures, skipped = checkpoint_stats(reader.bundle, progress=bar.update)
     page = render_report(prefix, root, figures, skipped)
-    storage_for(args.output).write_atomic(args.output, page.encode("utf-8"))
+    locate(args.output).storage.write_atomic(args.output, page.encode("utf-8"))
     bad = sum(1 for s in figures if not s.finite)
     note = f", [bold red]{bad} with NaN/Inf[/]" if bad else ""
     out.line(

@@ -22,7 +22,7 @@ from trackpoint.cli.names import module_of
 from trackpoint.cli.output import Column, Output, format_number
 from trackpoint.cli.progress import human_bytes
 from trackpoint.errors import DataLossError, InvalidArgumentError
-from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.paths import resolve_location
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -292,8 +292,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def cmd_stats(args: argparse.Namespace, console: Console) -> int:
     """Run ``trackpoint stats``."""
     out = Output(console, json=args.json)
-    prefix = resolve_prefix(args.path)
-    with BundleReader(prefix) as reader, out.progress("reading") as bar:
+    location = resolve_location(args.path)
+    prefix = location.prefix
+    with BundleReader(prefix, storage=location.storage) as reader, out.progress("reading") as bar:
         figures, skipped = checkpoint_stats(reader, progress=bar.update)
     if out.json_mode:
         out.json([stats.to_json() for stats in figures])

@@ -23,7 +23,7 @@ from trackpoint.cli.output import Output
 from trackpoint.cli.progress import human_bytes
 from trackpoint.graph.aliases import ROOT_NAME
 from trackpoint.graph.keys import VARIABLE_VALUE_KEY, split_checkpoint_key
-from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.paths import resolve_location
 from trackpoint.management.reader import CheckpointReader
 
 __all__ = [
@@ -238,7 +238,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def cmd_tree(args: argparse.Namespace, console: Console) -> int:
     """Run ``trackpoint tree``."""
     out = Output(console, json=args.json)
-    with CheckpointReader(resolve_prefix(args.path)) as reader:
+    location = resolve_location(args.path)
+    with CheckpointReader(location.prefix, storage=location.storage) as reader:
         root = build_object_tree(reader)
     if out.json_mode:
         out.json(root.to_json())

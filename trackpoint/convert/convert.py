@@ -46,7 +46,8 @@ from trackpoint.graph.serialize import serialize_graph
 from trackpoint.graph.walk import ObjectGraphView
 from trackpoint.management.reader import CheckpointReader
 from trackpoint.saving import CheckpointOptions, MultiDeviceSaver, ProgressEvent
-from trackpoint.storage import storage_for
+from trackpoint.storage import Storage, is_url, locate
+from trackpoint.storage.url import local_path
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
 
 __all__ = [
@@ -108,10 +109,11 @@ def _read_checkpoint(
 ) -> Iterator[_Source]:
     """The values of a checkpoint; ``aliases`` says which names a value reachable by several
     paths (a tied weight) gets: ``"all"``, or ``"one"`` (its first name under ``root``)."""
-    from trackpoint.management.paths import resolve_prefix
+    from trackpoint.management.paths import resolve_location
 
     source = _Source()
-    with CheckpointReader(resolve_prefix(path)) as reader:
+    location = resolve_location(path)
+    with CheckpointReader(location.prefix, storage=location.storage) as reader:
         bundle = reader.bundle
         graph = None if keep_all else reader.object_graph()
         others = alias_keys(graph) if graph is not None else {}
@@ -138,8 +140,8 @@ def _read_checkpoint(
 
 
 @contextmanager
-def _read_safetensors(path: str) -> Iterator[_Source]:
-    with read_safetensors(path) as file:
+def _read_safetensors(path: str, storage: Storage) -> Iterator[_Source]:
+    with read_safetensors(path, storage=storage) as file:
         source = _Source()
         for name, array in file.tensors.items():
             source.add(name, array)
@@ -164,18 +166,19 @@ def _flatten(value: Any, name: str, source: _Source, torch: Any) -> None:
 
 
 @contextmanager
-def _read_torch(path: str) -> Iterator[_Source]:
+def _read_torch(path: str, storage: Storage) -> Iterator[_Source]:
     import torch
 
-    storage = storage_for(path)
     if not storage.exists(path):
         raise NotFoundError(f"{path} does not exist", path=path)
     try:
-        if "://" in path:
+        if is_url(path):
             data = io.BytesIO(storage.read_bytes(path))
             loaded = torch.load(data, map_location="cpu", weights_only=True)
-        else:
-            loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        else:  # a plain path or file:// URL: torch maps the file itself
+            loaded = torch.load(
+                local_path(path), map_location="cpu", weights_only=True, mmap=True
+            )
     except Exception as exc:  # torch.load raises UnpicklingError, RuntimeError, EOFError, ...
         # weights_only=True refuses anything but tensors, containers and numbers: loading a
         # file never runs its code.
@@ -271,7 +274,7 @@ def _write_checkpoint(
     MultiDeviceSaver(graph.tensors).save(path, options)
 
 
-def _write_torch(path: str, values: list[tuple[str, np.ndarray]]) -> None:
+def _write_torch(path: str, values: list[tuple[str, np.ndarray]], storage: Storage) -> None:
     import torch
 
     from trackpoint.integrations.torch_tensors import tensor_from_numpy, torch_dtype_for
@@ -287,7 +290,6 @@ def _write_torch(path: str, values: list[tuple[str, np.ndarray]]) -> None:
                 torch_dtype_for(array.dtype, what=f"tensor {name!r}"),
             )
         state[name] = tensor
-    storage = storage_for(path)
     parent = storage.dirname(path)
     if parent:
         storage.makedirs(parent)
@@ -354,7 +356,9 @@ def convert(
             f"{dst} is a checkpoint; rename state_dict keys with a key map instead"
         )
     existing = f"{dst}.index" if dst_fmt == "checkpoint" else dst
-    if not overwrite and storage_for(existing).exists(existing):
+    # Each side's backend is picked once here; a checkpoint source is resolved by the reader.
+    dst_storage = locate(dst).storage
+    if not overwrite and dst_storage.exists(existing):
         raise FailedPreconditionError(
             f"{existing} already exists; choose another destination or overwrite it "
             "(overwrite=True, --force)",
@@ -366,9 +370,9 @@ def convert(
             alias_mode = "all" if aliases and dst_fmt != "checkpoint" else "one"
             reader = _read_checkpoint(src, root, keep_all=verbatim, aliases=alias_mode)
         elif src_fmt == "safetensors":
-            reader = _read_safetensors(src)
+            reader = _read_safetensors(src, locate(src).storage)
         else:
-            reader = _read_torch(src)
+            reader = _read_torch(src, locate(src).storage)
         loaded = stack.enter_context(reader)
         skipped = list(loaded.skipped)
         values: list[tuple[str, Any]] = []
@@ -406,9 +410,9 @@ def convert(
                 if progress is not None:
                     progress(done[0], total)
 
-            write_safetensors(dst, values, progress=advance)
+            write_safetensors(dst, values, progress=advance, storage=dst_storage)
         else:
-            _write_torch(dst, values)
+            _write_torch(dst, values, dst_storage)
             if progress is not None:
                 progress(total, total)
     return ConversionResult(

@@ -14,7 +14,7 @@ import re
 from trackpoint._types import PathLike, fspath
 from trackpoint.errors import InvalidArgumentError, NotFoundError
 from trackpoint.management.paths import resolve_prefix
-from trackpoint.storage import storage_for
+from trackpoint.storage import locate
 
 __all__ = ["EXTENSIONS", "FORMATS", "check_format", "detect_format"]
 
@@ -79,7 +79,7 @@ def check_format(fmt: str | None, path: str, *, source: bool) -> str:
             return "checkpoint"  # an existing checkpoint with a dot in its name
         except (NotFoundError, InvalidArgumentError):
             pass
-        if not storage_for(path).exists(path):
+        if not locate(path).storage.exists(path):
             raise NotFoundError(
                 f"{path} does not exist (and {extension} is no format trackpoint converts: "
                 f"{_known()})",

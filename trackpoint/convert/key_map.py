@@ -157,10 +157,10 @@ class KeyMap:
             NotFoundError: the file does not exist.
             InvalidArgumentError: it is not a valid key map (names the file).
         """
-        from trackpoint.storage import storage_for
+        from trackpoint.storage import locate
 
         path_str = fspath(path)
-        raw = storage_for(path_str).read_bytes(path_str)
+        raw = locate(path_str).storage.read_bytes(path_str)
         try:
             data = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

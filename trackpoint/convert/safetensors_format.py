@@ -21,8 +21,8 @@ import ml_dtypes
 import numpy as np
 
 from trackpoint.errors import DataLossError, InvalidArgumentError
-from trackpoint.storage import storage_for
-from trackpoint.storage.base import RangeReader
+from trackpoint.storage import locate
+from trackpoint.storage.base import RangeReader, Storage
 
 __all__ = ["SafetensorsFile", "read_safetensors", "write_safetensors"]
 
@@ -87,14 +87,17 @@ def _corrupt(path: str, what: str) -> DataLossError:
     return DataLossError(f"{path} is not a valid safetensors file: {what}", path=path)
 
 
-def read_safetensors(path: str) -> SafetensorsFile:
+def read_safetensors(path: str, *, storage: Storage | None = None) -> SafetensorsFile:
     """Open a safetensors file; tensors are zero-copy views of its bytes.
+
+    ``storage`` serves ``path`` if given (the caller picked it already), else the backend
+    ``path``'s syntax picks.
 
     Raises:
         NotFoundError: the file does not exist.
         DataLossError: the header or offsets are malformed, or the file is truncated.
     """
-    reader = storage_for(path).open_range_reader(path)
+    reader = locate(path, storage=storage).storage.open_range_reader(path)
     try:
         size = reader.size
         if size < 8:
@@ -155,10 +158,12 @@ def write_safetensors(
     *,
     metadata: dict[str, str] | None = None,
     progress: Callable[[int], None] | None = None,
+    storage: Storage | None = None,
 ) -> int:
     """Write ``tensors`` (name, array) in order as a safetensors file; return the data bytes.
 
     The file appears complete or not at all where the storage can rename atomically.
+    ``storage`` serves ``path`` if given, else the backend ``path``'s syntax picks.
 
     Raises:
         InvalidArgumentError: a dtype safetensors lacks (names the tensor), or a duplicate name.
@@ -180,7 +185,7 @@ def write_safetensors(
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
     encoded += b" " * (-len(encoded) % 8)
-    storage = storage_for(path)
+    storage = locate(path, storage=storage).storage
     parent = storage.dirname(path)
     if parent:
         storage.makedirs(parent)

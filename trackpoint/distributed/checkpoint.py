@@ -34,7 +34,7 @@ from trackpoint.graph.walk import ObjectGraphView, list_objects
 from trackpoint.management.paths import resolve_prefix
 from trackpoint.saving import CheckpointOptions, get_registered_saver_name
 from trackpoint.saving.restore import RestoreAgreement, restore_agreement
-from trackpoint.storage import LocalStorage, Storage, storage_for
+from trackpoint.storage import LocalStorage, Storage, locate
 
 __all__ = ["DistributedCheckpoint"]
 
@@ -353,7 +353,7 @@ class DistributedCheckpoint(Checkpoint):
         # Not Checkpoint._read (another signature): every rank reads, then all agree.
         self.sync()
         requested = fspath(path)
-        storage = options.storage or storage_for(requested)
+        storage = locate(requested, storage=options.storage).storage  # picked once, here
         prefix = self._agree_on_prefix(requested, storage)
         status: LoadStatus | None = None
         error: BaseException | None = None

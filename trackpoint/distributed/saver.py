@@ -91,7 +91,7 @@ from trackpoint.saving.progress import WrittenFiles, committed_sizes, write_stat
 from trackpoint.saving.saver import SerializedTensors
 from trackpoint.saving.shard_validation import policy_description, validate_shards
 from trackpoint.saving.shard_writer import payload_bytes, write_shards
-from trackpoint.storage import Storage, storage_for
+from trackpoint.storage import Storage, locate
 
 __all__ = ["DistributedSaver", "error_message", "raise_collected"]
 
@@ -225,7 +225,9 @@ class DistributedSaver(MultiDeviceSaver):
         timing = timing or metrics.begin_write()
         options = options or CheckpointOptions()
         prefix_str = fspath(prefix)
-        storage = storage or options.storage or storage_for(prefix_str, fsync=options.fsync)
+        storage = locate(
+            prefix_str, storage=storage or options.storage, fsync=options.fsync
+        ).storage
         return _SaveRun(self, snapshot, prefix_str, options, storage, timing, started).run()
 
 

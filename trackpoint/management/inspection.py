@@ -12,7 +12,7 @@ from trackpoint._types import PathLike
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.errors import NotFoundError
 from trackpoint.graph.keys import ATTRIBUTES, OBJECT_GRAPH_KEY, variable_key
-from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.paths import resolve_location
 from trackpoint.management.reader import CheckpointReader
 
 __all__ = ["list_variables", "load_checkpoint", "load_variable", "object_metadata"]
@@ -25,7 +25,8 @@ def load_checkpoint(path: PathLike) -> CheckpointReader:
         >>> reader = tp.load_checkpoint("/tmp/run")          # doctest: +SKIP
         >>> reader.get_tensor("model/w/.ATTRIBUTES/VARIABLE_VALUE")  # doctest: +SKIP
     """
-    return CheckpointReader(resolve_prefix(path))
+    location = resolve_location(path)
+    return CheckpointReader(location.prefix, storage=location.storage)
 
 
 def list_variables(path: PathLike) -> list[tuple[str, list[int]]]:
@@ -56,9 +57,9 @@ def object_metadata(prefix: PathLike) -> TrackableObjectGraph:
             name-based checkpoint).
         DataLossError: the graph is damaged.
     """
-    prefix = resolve_prefix(prefix)
-    with CheckpointReader(prefix) as reader:
+    with load_checkpoint(prefix) as reader:
         proto = reader.object_graph()
+    prefix = reader.prefix
     if proto is None:
         raise NotFoundError(
             f"the checkpoint {prefix} has no object graph ({OBJECT_GRAPH_KEY}); it was "

@@ -48,7 +48,7 @@ from trackpoint.management.state_file import (
     write_checkpoint_state,
 )
 from trackpoint.saving.options import CheckpointOptions
-from trackpoint.storage import DirectoryLock, Storage, storage_for
+from trackpoint.storage import DirectoryLock, Storage, locate
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY
 
 __all__ = ["CheckpointManager"]
@@ -197,6 +197,9 @@ class CheckpointManager:
         self._keep_every_n_hours = keep_checkpoint_every_n_hours
         self._directory = fspath(directory, argument="directory")
         self._prefix = os.path.join(self._directory, checkpoint_name)
+        # The directory's backend, picked once: the lock, the state file, the listing and the
+        # pruning all use it (a save's options.storage still serves that save).
+        self._storage = locate(self._directory).storage
         self._step_counter = step_counter
         self._checkpoint_interval = checkpoint_interval
         self._last_checkpoint_step: int | None = None
@@ -210,7 +213,7 @@ class CheckpointManager:
         self._directory_lock: DirectoryLock | None = None
         self._created_at = _caller()
         if getattr(checkpoint, "is_coordinator", True):
-            self._directory_lock = storage_for(self._directory).lock_directory(self._directory)
+            self._directory_lock = self._storage.lock_directory(self._directory)
         try:
             if self._directory_lock is not None:
                 self._claim_directory(self._directory_lock.key)
@@ -248,7 +251,7 @@ class CheckpointManager:
         )
 
     def _recover_state(self) -> None:
-        state = get_checkpoint_state(self._directory)
+        state = get_checkpoint_state(self._directory, storage=self._storage)
         now = self._clock()
         if state is None:
             self._latest: str | None = None
@@ -270,7 +273,7 @@ class CheckpointManager:
             stamp = min(stamp, now)
             if stamp <= self._last_preserved:
                 continue
-            if path != self._latest and not checkpoint_exists(path):
+            if path != self._latest and not checkpoint_exists(path, storage=self._storage):
                 # A writer killed while pruning (TensorFlow deletes before it records): the
                 # checkpoint is gone, so it is no longer managed.
                 logger.warning(
@@ -396,7 +399,7 @@ class CheckpointManager:
 
     def _taken_numbers(self, storage: Storage | None) -> list[int]:
         """The numbers N of the committed ``<checkpoint_name>-N`` in the directory."""
-        store = storage if storage is not None else storage_for(self._directory)
+        store = storage if storage is not None else self._storage
         if not store.exists(self._directory):
             return []
         base = os.path.basename(self._prefix)
@@ -409,7 +412,7 @@ class CheckpointManager:
 
     def _refuse_replacing(self, prefix: str, storage: Storage | None) -> None:
         """Raise if ``prefix`` holds a committed checkpoint (for a checkpoint not restored)."""
-        if not checkpoint_exists(prefix, storage=storage):
+        if not checkpoint_exists(prefix, storage=storage or self._storage):
             return
         free = max(self._taken_numbers(storage), default=0) + 1
         latest = f", {self._latest}," if self._latest else ""
@@ -469,7 +472,7 @@ class CheckpointManager:
             logger.error("not deleting %s: it is outside %s", path, self._directory)
             return
         try:
-            remove_checkpoint(path)
+            remove_checkpoint(path, storage=self._storage)
         except (CheckpointError, OSError) as exc:
             logger.error("could not delete the old checkpoint %s: %s", path, exc)
 
@@ -481,6 +484,7 @@ class CheckpointManager:
             list(self._active),
             list(self._active.values()),
             self._last_preserved,
+            storage=self._storage,
         )
 
     def restore_or_initialize(

@@ -29,7 +29,7 @@ from trackpoint.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from trackpoint.storage import Storage, storage_for
+from trackpoint.storage import Storage, is_url, locate
 
 __all__ = [
     "STATE_FILENAME",
@@ -49,27 +49,23 @@ logger = logging.getLogger(__name__)
 STATE_FILENAME = "checkpoint"
 
 
-def _is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
 def checkpoint_directory(prefix: str) -> str:
     """The directory of checkpoint ``prefix``: where its state file lives (``.`` if none)."""
-    if _is_url(prefix):
+    if is_url(prefix):
         return posixpath.dirname(prefix)
     return os.path.dirname(prefix) or "."
 
 
 def _join(directory: str, path: str) -> str:
-    if _is_url(path) or posixpath.isabs(path) or os.path.isabs(path):
+    if is_url(path) or posixpath.isabs(path) or os.path.isabs(path):
         return path
-    if _is_url(directory):
+    if is_url(directory):
         return posixpath.join(directory, path)
     return os.path.join(directory, path)
 
 
 def _is_absolute(path: str) -> bool:
-    return _is_url(path) or posixpath.isabs(path) or os.path.isabs(path)
+    return is_url(path) or posixpath.isabs(path) or os.path.isabs(path)
 
 
 def _escapes(relative: str, *, url: bool) -> bool:
@@ -85,8 +81,8 @@ def inside(directory: str, path: str) -> str | None:
     A relative ``path`` is taken as it is given (relative to the working directory, like every
     path a caller passes); the comparison is lexical, on absolute paths or URLs.
     """
-    url = _is_url(directory)
-    if url != _is_url(path):
+    url = is_url(directory)
+    if url != is_url(path):
         return None
     if url:
         base = directory.rstrip("/") + "/"
@@ -105,7 +101,7 @@ def _stored_name(directory: str, path: str, state_path: str) -> str:
     Raises:
         InvalidArgumentError: ``path`` lies outside ``directory``.
     """
-    url = _is_url(directory)
+    url = is_url(directory)
     parent = posixpath.dirname(path) if url else os.path.dirname(path)
     bare = not _is_absolute(path) and not parent
     rest = (None if _escapes(path, url=url) else path) if bare else inside(directory, path)
@@ -138,7 +134,7 @@ def write_checkpoint_state(
             lies outside ``directory``.
     """
     directory = fspath(directory, argument="directory")
-    storage = storage or storage_for(directory)
+    storage = locate(directory, storage=storage).storage
     state_path = _join(directory, STATE_FILENAME)
     paths = list(all_model_checkpoint_paths or [])
     if not paths or paths[-1] != model_checkpoint_path:
@@ -180,7 +176,7 @@ def get_checkpoint_state(
             ``directory``; the message names the file and the entry.
     """
     directory = fspath(directory, argument="directory")
-    storage = storage or storage_for(directory)
+    storage = locate(directory, storage=storage).storage
     state_path = _join(directory, STATE_FILENAME)
     try:
         raw = storage.read_bytes(state_path)
@@ -222,7 +218,7 @@ def _moved_from(directory: str, latest: str, storage: Storage) -> str | None:
     """
     if not _is_absolute(latest) or inside(directory, latest) is not None:
         return None
-    url = _is_url(latest)
+    url = is_url(latest)
     old = posixpath.dirname(latest) if url else os.path.dirname(latest)
     name = posixpath.basename(latest) if url else os.path.basename(latest)
     if not name or not checkpoint_exists(_join(directory, name), storage=storage):
@@ -237,9 +233,9 @@ def _moved_from(directory: str, latest: str, storage: Storage) -> str | None:
 
 def _same_store(directory: str, path: str) -> bool:
     """Both on local disk, or both URLs of one scheme and bucket (host)."""
-    if _is_url(directory) != _is_url(path):
+    if is_url(directory) != is_url(path):
         return False
-    if not _is_url(path):
+    if not is_url(path):
         return True
     return directory.split("/", 3)[:3] == path.split("/", 3)[:3]
 
@@ -263,7 +259,7 @@ def _confined(directory: str, entry: str, moved_from: str | None, state_path: st
             reader nor a manager's pruning touches anything outside it.
     """
     if not _is_absolute(entry):
-        if not _escapes(entry, url=_is_url(directory)):
+        if not _escapes(entry, url=is_url(directory)):
             return _join(directory, entry)
     elif inside(directory, entry) is not None:
         return entry
@@ -287,7 +283,7 @@ def _confined(directory: str, entry: str, moved_from: str | None, state_path: st
 def checkpoint_exists(prefix: PathLike, *, storage: Storage | None = None) -> bool:
     """True iff ``prefix.index`` exists: the index is the commit point of a checkpoint."""
     prefix = fspath(prefix)
-    storage = storage or storage_for(prefix)
+    storage = locate(prefix, storage=storage).storage
     return storage.exists(prefix + ".index")
 
 
@@ -301,6 +297,9 @@ def latest_checkpoint(directory: PathLike, *, storage: Storage | None = None) ->
         DataLossError: the state file names a path outside ``directory``.
     """
     directory = fspath(directory, argument="directory")
+    # One backend for the state file and the prefix it names: the file names only checkpoints
+    # in its own directory.
+    storage = locate(directory, storage=storage).storage
     try:
         state = get_checkpoint_state(directory, storage=storage)
     except DataLossError:
@@ -332,7 +331,7 @@ def get_checkpoint_mtimes(prefixes: Sequence[PathLike]) -> list[float]:
 def remove_checkpoint(prefix: PathLike, *, storage: Storage | None = None) -> None:
     """Delete a checkpoint's index first (so it stops existing at once), then its data files."""
     prefix = fspath(prefix)
-    storage = storage or storage_for(prefix)
+    storage = locate(prefix, storage=storage).storage
     directory = storage.dirname(prefix) or "."
     base = storage.basename(prefix)
     storage.remove(prefix + ".index", missing_ok=True)

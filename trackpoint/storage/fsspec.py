@@ -18,6 +18,7 @@ from trackpoint.errors import CheckpointError, DataLossError, InvalidArgumentErr
 from trackpoint.storage._errors import map_os_error
 from trackpoint.storage._regular import not_regular_error
 from trackpoint.storage.base import RangeReader, Storage, write_view
+from trackpoint.storage.url import split_scheme
 
 if TYPE_CHECKING:
     from collections.abc import Buffer
@@ -25,12 +26,6 @@ if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
 __all__ = ["FsspecFile", "FsspecRangeReader", "FsspecStorage"]
-
-
-def _split_scheme(path: str) -> tuple[str, str]:
-    """``"s3://b/k"`` -> ``("s3://", "b/k")``; a path without a scheme -> ``("", path)``."""
-    scheme, sep, rest = path.partition("://")
-    return (scheme + sep, rest) if sep else ("", path)
 
 
 class FsspecFile(io.BufferedIOBase):
@@ -283,9 +278,9 @@ class FsspecStorage(Storage):
 
     def dirname(self, path: str) -> str:
         # docstring inherited; "s3://bucket" -> "s3://", never "s3:"
-        scheme, rest = _split_scheme(path)
+        scheme, rest = split_scheme(path)
         return scheme + posixpath.dirname(rest)
 
     def basename(self, path: str) -> str:
         # docstring inherited
-        return posixpath.basename(_split_scheme(path)[1])
+        return posixpath.basename(split_scheme(path)[1])

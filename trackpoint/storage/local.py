@@ -24,6 +24,7 @@ from trackpoint.storage.lock import (
     local_lock_holder,
     lock_local_directory,
 )
+from trackpoint.storage.url import local_path
 
 if TYPE_CHECKING:
     from collections.abc import Buffer
@@ -39,11 +40,6 @@ _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTS
 # Writes smaller than this are gathered in memory (many small tensors, index blocks); larger
 # ones go straight from the caller's buffer to write(2), so a multi-GB array is never copied.
 _BUFFER_SIZE = 1 << 20
-
-
-def _local(path: str) -> str:
-    """Strip a ``file://`` scheme; ``storage_for`` hands such URLs to this backend."""
-    return path[len("file://") :] if path.startswith("file://") else path
 
 
 class LocalFile(io.BufferedIOBase):
@@ -143,7 +139,7 @@ class LocalRangeReader(RangeReader):
         self.path = path
         # Regular files only, opened without blocking: a FIFO or device in a checkpoint's place
         # is refused here instead of hanging the reader (see trackpoint.storage._regular).
-        fd = open_regular(_local(path), name=path)
+        fd = open_regular(local_path(path), name=path)
         try:
             self._size = os.fstat(fd).st_size
             # mmap cannot map an empty file; a zero-length read needs no mapping.
@@ -210,7 +206,7 @@ class LocalStorage(Storage):
         A file whose bytes are shared with other names (a hard link made by :meth:`link`) is
         unlinked first, so writing it never changes another checkpoint's data file.
         """
-        local = _local(path)
+        local = local_path(path)
         try:
             if os.stat(local).st_nlink > 1:
                 os.remove(local)
@@ -226,23 +222,23 @@ class LocalStorage(Storage):
 
     def exists(self, path: str) -> bool:
         # docstring inherited
-        return os.path.exists(_local(path))
+        return os.path.exists(local_path(path))
 
     def describe(self, path: str) -> str:
         # docstring inherited
-        return describe_local_path(_local(path))
+        return describe_local_path(local_path(path))
 
     def size(self, path: str) -> int:
         # docstring inherited
         try:
-            return os.stat(_local(path)).st_size
+            return os.stat(local_path(path)).st_size
         except OSError as exc:
             raise map_os_error(exc, path, "reading the size of") from exc
 
     def replace(self, src: str, dst: str) -> None:
         # docstring inherited
         try:
-            os.replace(_local(src), _local(dst))
+            os.replace(local_path(src), local_path(dst))
         except OSError as exc:
             raise map_os_error(exc, src, "renaming", target=dst) from exc
 
@@ -254,7 +250,7 @@ class LocalStorage(Storage):
         extents on filesystems that support reflinks, e.g. btrfs and XFS) and fsynced when
         ``fsync`` is set. See ``Storage.link``.
         """
-        source, target = _local(src), _local(dst)
+        source, target = local_path(src), local_path(dst)
         try:
             if os.path.lexists(target):
                 os.remove(target)  # link() refuses an existing name
@@ -290,14 +286,14 @@ class LocalStorage(Storage):
     def link_count(self, path: str) -> int:
         # docstring inherited
         try:
-            return os.stat(_local(path)).st_nlink
+            return os.stat(local_path(path)).st_nlink
         except OSError as exc:
             raise map_os_error(exc, path, "reading the link count of") from exc
 
     def remove(self, path: str, *, missing_ok: bool = True) -> None:
         # docstring inherited
         try:
-            os.remove(_local(path))
+            os.remove(local_path(path))
         except FileNotFoundError as exc:
             if not missing_ok:
                 raise map_os_error(exc, path, "removing") from exc
@@ -307,7 +303,7 @@ class LocalStorage(Storage):
     def remove_tree(self, path: str) -> None:
         # docstring inherited
         try:
-            shutil.rmtree(_local(path))
+            shutil.rmtree(local_path(path))
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -316,7 +312,7 @@ class LocalStorage(Storage):
     def list(self, path: str) -> list[str]:
         # docstring inherited
         try:
-            return sorted(os.listdir(_local(path)))
+            return sorted(os.listdir(local_path(path)))
         except FileNotFoundError:
             return []
         except OSError as exc:
@@ -325,7 +321,7 @@ class LocalStorage(Storage):
     def makedirs(self, path: str) -> None:
         # docstring inherited
         try:
-            os.makedirs(_local(path), exist_ok=True)
+            os.makedirs(local_path(path), exist_ok=True)
         except OSError as exc:
             raise map_os_error(exc, path, "creating the directory") from exc
 
@@ -337,7 +333,7 @@ class LocalStorage(Storage):
         if not self.fsync or not hasattr(os, "O_DIRECTORY"):
             return
         try:
-            fd = os.open(_local(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+            fd = os.open(local_path(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             raise map_os_error(exc, path, "syncing the directory") from exc
         try:
@@ -353,11 +349,11 @@ class LocalStorage(Storage):
         The kernel enforces it between processes (NFS included where its locking works) and
         releases it when the holder exits or is killed: a crashed job needs no cleanup.
         """
-        return lock_local_directory(_local(path))
+        return lock_local_directory(local_path(path))
 
     def lock_holder(self, path: str) -> LockHolder | None:
         # docstring inherited
-        return local_lock_holder(_local(path))
+        return local_lock_holder(local_path(path))
 
     def join(self, *parts: str) -> str:
         # docstring inherited
