@@ -1,8 +1,10 @@
 """One leaf of a restored pytree as the restore engine sees it: what to read, what to build.
 
 Both kinds of ``tp.jax.restore`` (into a target, and without one) describe each leaf by a
-:class:`LeafSpec` and hand a :class:`LeafTarget` per leaf to the one restore engine
-(trackpoint/saving/restore.py), which reads and verifies every value before any leaf is built.
+:class:`LeafSpec` and plan a :class:`LeafTarget` per leaf with :class:`LeafReads`, which hands
+them to the one restore engine (trackpoint/saving/restore.py) as one ``RestoreBatch`` (plus an
+item per leaf stored in slices); the engine reads and verifies every value before any leaf is
+built.
 
 A jax leaf is rebuilt on its sharding: one box per distinct shard index (for a checkpoint that
 stores the tensor in slices, each box is read with ``BundleReader.read_slice``, which touches
@@ -41,10 +43,11 @@ from trackpoint.integrations.jax_placement import (
     placement,
     single_device,
 )
-from trackpoint.saving.restore import RestoreItem
+from trackpoint.saving.restore import RestoreBatch, RestoreItem
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
+from trackpoint.tracking.value_columns import ValueColumns
 
-__all__ = ["LeafSpec", "LeafTarget", "abstract_array", "default_sharding", "restore_item"]
+__all__ = ["LeafReads", "LeafSpec", "LeafTarget", "abstract_array", "default_sharding"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +171,12 @@ class LeafTarget(Trackable):
         batch: list[int] = []
         arrays: list[np.ndarray] = []
         placements: list[Placement] = []
-        for index, (target, saved) in enumerate(zip(targets, restored, strict=True)):
-            value = saved[VARIABLE_VALUE_KEY]
+        saved_values: Sequence[Any] = (
+            restored.column(VARIABLE_VALUE_KEY)  # a batch read whole: its column as is
+            if isinstance(restored, ValueColumns)
+            else [saved[VARIABLE_VALUE_KEY] for saved in restored]
+        )
+        for index, (target, value) in enumerate(zip(targets, saved_values, strict=True)):
             where = target._placement
             if where is not None and not isinstance(value, Mapping):
                 batch.append(index)
@@ -248,18 +255,56 @@ def _reraise(index: int, exc: InvalidArgumentError) -> BaseException:
     return exc
 
 
-def restore_item(
-    leaf: LeafSpec, reader: BundleReader, results: list[Any], label: str | Callable[[], str]
-) -> RestoreItem:
-    """The engine's item for ``leaf``: its value is stored in ``results`` when applied.
+class LeafReads:
+    """The restore engine's sources for many leaves, gathered as they are planned.
 
-    A tensor stored in slices is read box by box (only the slices each box touches); an
-    unsliced one is read, and verified, once and cut into boxes from the mapping.
+    Every leaf read whole (most of them) joins one :class:`RestoreBatch`: a column of keys,
+    no object per value, and one ``LeafTarget._prepare_restores`` call for all of them. A jax
+    leaf whose tensor the checkpoint stores in slices is an item of its own, read box by box
+    (only the slices each box touches); the engine prepares it with the batch (one class).
+
+    Args:
+        reader: the open checkpoint.
+        results: the flattened result; each leaf's value is stored at its ``position``.
+        label: a leaf's readable path from its ``LeafSpec.path`` (called only on error).
     """
-    target = LeafTarget(leaf, tuple(reader.shape(leaf.key)), results)
-    layouts = None
-    if target._kind != _HOST and reader.slices(leaf.key):
-        specs = target.box_specs()
-        if specs:
-            layouts = {VARIABLE_VALUE_KEY: specs}
-    return RestoreItem(target, {VARIABLE_VALUE_KEY: leaf.key}, label, layouts)
+
+    __slots__ = ("_keys", "_label", "_reader", "_results", "_targets", "items")
+
+    def __init__(
+        self, reader: BundleReader, results: list[Any], label: Callable[[Any], str]
+    ) -> None:
+        self._reader = reader
+        self._results = results
+        self._label = label
+        self._targets: list[LeafTarget] = []
+        self._keys: list[str] = []
+        self.items: list[RestoreItem] = []
+        """The leaves read in boxes, one item each."""
+
+    def add(self, leaf: LeafSpec, shape: tuple[int, ...] | None = None) -> None:
+        """Plan ``leaf``; ``shape`` is its stored shape, if the caller has it already."""
+        reader = self._reader
+        if shape is None:
+            shape = tuple(reader.shape(leaf.key))
+        target = LeafTarget(leaf, shape, self._results)
+        if target._kind != _HOST and reader.slices(leaf.key):
+            specs = target.box_specs()
+            if specs:
+                label = self._label
+                self.items.append(RestoreItem(
+                    target, {VARIABLE_VALUE_KEY: leaf.key},
+                    lambda: label(leaf.path), {VARIABLE_VALUE_KEY: specs},
+                ))  # fmt: skip
+                return
+        self._targets.append(target)
+        self._keys.append(leaf.key)
+
+    def batches(self) -> list[RestoreBatch]:
+        """The leaves read whole, as one batch (none if there are none)."""
+        if not self._targets:
+            return []
+        targets, label = self._targets, self._label
+        return [RestoreBatch(
+            targets, (VARIABLE_VALUE_KEY,), (self._keys,), lambda i: label(targets[i]._leaf.path)
+        )]  # fmt: skip

@@ -12,15 +12,17 @@ target and is checked against the one the checkpoint records (``jax_metadata.py`
 anything is read; a jax leaf takes the target's ``weak_type``, as it takes its dtype and
 sharding. Without a target the saved tree itself is rebuilt (``jax_saved_tree.py``).
 
-Values are read through the one restore engine (trackpoint/saving/restore.py) with one
-:class:`~trackpoint.integrations.jax_leaf_targets.LeafTarget` per leaf: every value is read
-and its crc32c verified before any leaf is built, each jax leaf on the target's sharding.
+Values are read through the one restore engine (trackpoint/saving/restore.py): the leaves
+read whole as one ``RestoreBatch`` of
+:class:`~trackpoint.integrations.jax_leaf_targets.LeafTarget` s (a leaf stored in slices as an
+item of its own); every value is read and its crc32c verified before any leaf is built, each
+jax leaf on the target's sharding. The storage is picked once, from ``options.storage`` or the
+path (``resolve_location``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +34,7 @@ from trackpoint._types import PathLike
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph.keys import SAVE_COUNTER, checkpoint_key, escape_local_name
-from trackpoint.integrations.jax_leaf_targets import LeafSpec, restore_item
+from trackpoint.integrations.jax_leaf_targets import LeafReads, LeafSpec
 from trackpoint.integrations.jax_metadata import (
     JAX_METADATA,
     decode_metadata,
@@ -42,7 +44,7 @@ from trackpoint.integrations.jax_metadata import (
 )
 from trackpoint.integrations.jax_pytrees import leaves_with_names, readable
 from trackpoint.integrations.jax_saved_tree import restore_saved_tree
-from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.paths import resolve_location
 from trackpoint.management.reader import CheckpointReader
 from trackpoint.saving.options import CheckpointOptions
 from trackpoint.saving.restore import restore_items
@@ -259,8 +261,9 @@ def restore(
             leaves the checkpoint lacks keep their target value (abstract ones are an error).
             Off (the default), both are an error, like ``assert_consumed()``. Without a
             target everything is restored.
-        options: accepted for symmetry with ``Checkpoint.read`` (values are read through the
-            one restore engine, which verifies every value before any leaf is built).
+        options: ``storage`` is the backend to read through (by default chosen from
+            ``path``); the other options concern saving (values are read through the one
+            restore engine, which verifies every value before any leaf is built).
 
     Returns:
         A pytree of the same structure (same container types) as ``target``.
@@ -277,10 +280,11 @@ def restore(
         >>> state = tp.jax.restore("/ckpts/run-3", {"params": params, "opt_state": opt_state})
         >>> params, opt_state = state["params"], state["opt_state"]
     """
-    CheckpointOptions.resolve(options)  # refuses anything but options or None
-    prefix = resolve_prefix(path)
+    storage = CheckpointOptions.resolve(options).storage  # refuses anything but options/None
+    location = resolve_location(path, storage=storage)
+    prefix = location.prefix
     # collector_paused: see trackpoint._gc (a restore of many leaves allocates many containers)
-    with collector_paused(), CheckpointReader(prefix) as reader:
+    with collector_paused(), CheckpointReader(prefix, storage=location.storage) as reader:
         if target is None:
             return restore_saved_tree(reader, prefix)
         found, missing, unused, treedef = _match(reader, target, prefix)
@@ -292,12 +296,11 @@ def restore(
         values: list[Any] = [None] * (len(found) + len(missing))
         for leaf in missing:
             values[leaf.position] = leaf.target
-        items = [
-            restore_item(leaf, bundle, values, functools.partial(readable, leaf.path))
-            for leaf in found
-        ]
+        reads = LeafReads(bundle, values, readable)
+        for leaf in found:
+            reads.add(leaf)
         # The one restore engine: every value read and verified, then the leaves built.
-        restore_items(items, bundle, prefix=prefix)
+        restore_items(reads.items, bundle, prefix=prefix, batches=reads.batches())
     return jax.tree_util.tree_unflatten(treedef, values)
 
 

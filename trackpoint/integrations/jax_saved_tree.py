@@ -50,10 +50,10 @@ from trackpoint.graph.keys import (
     unescape_local_name,
 )
 from trackpoint.integrations.jax_leaf_targets import (
+    LeafReads,
     LeafSpec,
     abstract_array,
     default_sharding,
-    restore_item,
 )
 from trackpoint.integrations.jax_metadata import JAX_METADATA, ArrayMetadata, decode_metadata
 from trackpoint.management.reader import CheckpointReader
@@ -152,6 +152,8 @@ class _Planner:
         self._prefix = prefix
         self.items: list[RestoreItem] = []
         self.results: list[Any] = []
+        self.leaves = LeafReads(self._bundle, self.results, _label)
+        """The array values, read as one batch (those stored in slices as items)."""
         self._built: dict[int, Any] = {}
         self._active: set[int] = set()
         self._paths: dict[int, str] | None = None
@@ -190,7 +192,7 @@ class _Planner:
             prng_impl=metadata.prng_impl,
             weak_type=metadata.weak_type,
         )
-        self.items.append(restore_item(leaf, bundle, self.results, _label(path)))
+        self.leaves.add(leaf, shape)
         return slot
 
     def _check_key(self, impl: str, data: Any, key: str, path: tuple[str, ...]) -> None:
@@ -352,6 +354,9 @@ def restore_saved_tree(reader: CheckpointReader, prefix: str) -> Any:
     """
     planner = _Planner(reader, prefix)
     skeleton = planner.plan(0, ())
-    restore_items(planner.items, reader.bundle, prefix=prefix)
+    leaves = planner.leaves
+    restore_items(
+        [*planner.items, *leaves.items], reader.bundle, prefix=prefix, batches=leaves.batches()
+    )
     tree = _fill(skeleton, planner.results, {})
     return {} if tree is None else tree
