@@ -11,10 +11,9 @@ import pytest
 
 import trackpoint as tp
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
-from trackpoint.graph import ObjectGraphView, serialize_graph
+from trackpoint.graph import ObjectGraphView, graph_bytes, serialize_graph
 from trackpoint.graph import serialize as serialize_module
 from trackpoint.graph import walk as walk_module
-from trackpoint.graph.walk import walk_graph
 from trackpoint.tracking import AutoTrackable, Variable, adapters
 from trackpoint.tracking.mappings import DictWrapper
 
@@ -63,14 +62,33 @@ def _serialized(root: AutoTrackable) -> Any:
     return graph.object_graph_bytes, keys, [id(obj) for obj in graph.objects]
 
 
+def _one_by_one(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Encode alike leaves and many children one node, one child at a time (graph_bytes's
+    per-item functions); returns the number of leaves the bulk encoder was asked for."""
+    asked: list[int] = []
+
+    def each_leaf(escaped: Any, keys: Any, full_names: Any) -> list[bytes]:
+        asked.append(len(keys[0]))
+        fields = [graph_bytes.name_field(name) for name in escaped]
+        names = full_names or [""] * len(keys[0])
+        return [
+            graph_bytes.node(b"".join(graph_bytes.attribute(f, full, k[i])
+                                      for f, k in zip(fields, keys)), True)
+            for i, full in enumerate(names)
+        ]  # fmt: skip
+
+    monkeypatch.setattr(serialize_module, "encode_alike_leaves", each_leaf)
+    monkeypatch.setattr(serialize_module, "child_refs", lambda ids, names: b"".join(
+        map(graph_bytes._child_ref, ids, names)))  # fmt: skip
+    return asked
+
+
 def test_bulk_serialization_equals_the_per_node_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     root = _mixed_root()
-    assert len(serialize_module._plain_variables(walk_graph(ObjectGraphView(root)))) > 40
     fast = _serialized(root)
-    monkeypatch.setattr(serialize_module, "_plain_variables", lambda walk: [])
-    monkeypatch.setattr(serialize_module, "_child_refs", lambda ids, names: b"".join(
-        map(serialize_module._child_ref, ids, names)))  # fmt: skip
+    asked = _one_by_one(monkeypatch)
     slow = _serialized(root)
+    assert sum(asked) > 40  # the variables went through the alike-leaf encoder
     assert fast == slow
     data = fast[0]
     assert TrackableObjectGraph.FromString(data).SerializeToString() == data
@@ -147,7 +165,7 @@ def test_bulk_serialization_of_one_run_of_variables(monkeypatch: pytest.MonkeyPa
     root = AutoTrackable()
     root.state = {f"w/{i}": np.full(1 + i % 3, float(i)) for i in range(50)}
     fast = _serialized(root)
-    monkeypatch.setattr(serialize_module, "_plain_variables", lambda walk: [])
+    _one_by_one(monkeypatch)
     assert fast == _serialized(root)
 
 
@@ -227,7 +245,7 @@ def test_registering_a_factory_again_drops_its_batch_factory() -> None:
 
 def test_varints_in_one_pass_equal_encode_varint() -> None:
     from trackpoint.bundle.table import encode_varint
-    from trackpoint.graph.serialize import _varints
+    from trackpoint.graph.graph_bytes import _varints
 
     values = [0, 1, 127, 128, 300, 16383, 16384, 2**21 - 1, 2**21, 2**35, 2**63 - 1]
     assert _varints(values) == [encode_varint(v) for v in values]

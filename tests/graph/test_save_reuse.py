@@ -47,7 +47,7 @@ def _ckpt() -> tuple[tp.Checkpoint, dict[str, Any], ObjectGraphView]:
     state = {f"block{i}/w": np.full(3, i, np.float32) for i in range(5)}
     ckpt = tp.Checkpoint(state=state, step=np.zeros((), np.int64))
     view = ckpt._self_view
-    assert serialize_graph(view) is not None and view.save_reuse is None  # the first lends none
+    assert serialize_graph(view) is not None and view.save_replay is None  # the first lends none
     return ckpt, state, view
 
 

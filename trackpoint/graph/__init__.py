@@ -1,5 +1,6 @@
 """The object graph: the key grammar (``keys``), walking it from a root (``walk``), what a save
-writes of it (``serialize``) and the check that it has not changed (``structure``)."""
+writes of it (``serialize``, its bytes by ``graph_bytes``), the replay of that walk while the
+structure holds (``save_replay``) and the check that it has not changed (``structure``)."""
 
 from __future__ import annotations
 

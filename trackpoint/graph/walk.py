@@ -15,7 +15,7 @@ import collections
 import copy
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -39,6 +39,7 @@ __all__ = [
     "object_path_to_string",
     "parse_object_graph",
     "readable_path",
+    "slots_of",
     "walk_graph",
 ]
 
@@ -84,9 +85,9 @@ class ObjectGraphView:
     ) -> None:
         self._root = root
         self._attached = attached_dependencies if attached_dependencies is not None else []
-        # What the last save of this view can lend the next one, and how many saves walked
-        # it (graph/serialize.py).
-        self.save_reuse: Any = None
+        # What the last save of this view lends the next one while the structure holds, and
+        # how many saves walked it (graph/serialize.py, graph/save_replay.py).
+        self.save_replay: Any = None
         self.save_walks = 0
 
     @property
@@ -117,7 +118,7 @@ class ObjectGraphView:
             TrackableReference(ref.name, _deepcopy_ref(ref.ref, memo)) for ref in self._attached
         ]
         copied._attached = attached
-        copied.save_reuse = None
+        copied.save_replay = None
         copied.save_walks = 0
         return copied
 
@@ -281,35 +282,45 @@ def check_slot_variables_reachable(walk: GraphWalk) -> None:
             )
 
 
+def slots_of(
+    optimizer: SlotOwner, non_slot: Sequence[Trackable]
+) -> Iterator[tuple[int, str, Trackable]]:
+    """``(variable node, slot name, slot)`` of every slot ``optimizer`` keeps for a node of
+    ``non_slot`` (the walk's nodes before the slot variables), in save order (§9.2): per slot
+    name, the variables in node order. The walk and the replay of a save both ask this."""
+    for slot_name in optimizer.get_slot_names():
+        for variable_id, variable in enumerate(non_slot):
+            slot = optimizer.get_slot(variable, slot_name)
+            if slot is not None:
+                yield variable_id, slot_name, slot
+
+
 def _add_slot_variables(walk: GraphWalk) -> None:
     """Append slot variables after the BFS nodes (§9.2) and record their references."""
     non_slot = list(walk.objects)
     for optimizer in non_slot:
         if not isinstance(optimizer, SlotOwner):
             continue
-        for slot_name in optimizer.get_slot_names():
-            for variable_id, variable in enumerate(non_slot):
-                slot = optimizer.get_slot(variable, slot_name)
-                if slot is None:
-                    continue
-                if slot._trackable_children():
-                    raise NotImplementedError(
-                        f"slot {slot_name!r} of {readable_path(walk.paths[id(variable)])} has "
-                        "children; only variables without dependencies can be slot variables"
-                    )
-                if id(slot) in walk.node_ids:
-                    raise NotImplementedError(
-                        f"slot {slot_name!r} of {readable_path(walk.paths[id(variable)])} is also "
-                        "a regular dependency of a trackable; a slot variable may not be reused"
-                    )
-                walk.names[id(slot)] = slot_variable_key(
-                    walk.names[id(variable)], walk.names[id(optimizer)], slot_name
+        for variable_id, slot_name, slot in slots_of(optimizer, non_slot):
+            variable = non_slot[variable_id]
+            if slot._trackable_children():
+                raise NotImplementedError(
+                    f"slot {slot_name!r} of {readable_path(walk.paths[id(variable)])} has "
+                    "children; only variables without dependencies can be slot variables"
                 )
-                walk.node_ids[id(slot)] = len(walk.objects)
-                walk.objects.append(slot)
-                walk.slot_refs.setdefault(id(optimizer), []).append(
-                    (variable_id, slot_name, walk.node_ids[id(slot)])
+            if id(slot) in walk.node_ids:
+                raise NotImplementedError(
+                    f"slot {slot_name!r} of {readable_path(walk.paths[id(variable)])} is also "
+                    "a regular dependency of a trackable; a slot variable may not be reused"
                 )
+            walk.names[id(slot)] = slot_variable_key(
+                walk.names[id(variable)], walk.names[id(optimizer)], slot_name
+            )
+            walk.node_ids[id(slot)] = len(walk.objects)
+            walk.objects.append(slot)
+            walk.slot_refs.setdefault(id(optimizer), []).append(
+                (variable_id, slot_name, walk.node_ids[id(slot)])
+            )
 
 
 def list_objects(root: Any, *, skip_slot_variables: bool = False) -> list[Trackable]:
