@@ -405,11 +405,11 @@ def test_saver_without_values_writes_an_empty_checkpoint(prefix) -> None:  # noq
 
 
 def _pairs(serialized: dict) -> TensorsByTrackable:  # noqa: ANN001
-    """The graph walk's container: its list of pairs takes the saver's batched way."""
+    """The graph walk's container (a list of pairs), as a save hands it over."""
     return TensorsByTrackable(list(serialized.items()))
 
 
-def test_batched_way_refuses_what_the_checked_way_refuses(make_holder) -> None:  # noqa: ANN001
+def test_pairs_are_refused_as_a_dict_is(make_holder) -> None:  # noqa: ANN001
     a, b = make_holder("first"), make_holder("second")
     with pytest.raises(InvalidArgumentError, match=r"'k'.*Holder\('first'\).*Holder\('second'\)"):
         MultiDeviceSaver(_pairs({a: {"k": np.ones(1)}, b: {"j": np.ones(1), "k": np.ones(1)}}))
@@ -419,7 +419,7 @@ def test_batched_way_refuses_what_the_checked_way_refuses(make_holder) -> None: 
         MultiDeviceSaver(_pairs({a: {3: np.ones(1)}}))
 
 
-def test_batched_way_saves_and_restores_like_the_checked_way(tmp_path, make_holder) -> None:  # noqa: ANN001
+def test_pairs_dicts_and_mixed_values_write_the_same_files(tmp_path, make_holder) -> None:  # noqa: ANN001
     holders = [make_holder(f"h{i}") for i in range(50)]
     values = {h: {f"h{i}/a": np.full(3, i, np.float32), f"h{i}/b": np.arange(i)}
               for i, h in enumerate(holders)}  # fmt: skip
@@ -434,3 +434,53 @@ def test_batched_way_saves_and_restores_like_the_checked_way(tmp_path, make_hold
     assert data[0] == data[1] == data[2] and index[0] == index[1] == index[2]
     MultiDeviceSaver(_pairs(values)).restore(paths[0])
     assert holders[9].calls[-1][local_name("h9/b")].tolist() == list(range(9))
+
+
+def test_one_entry_form_keeps_data_order_specs_devices_and_tasks(make_holder) -> None:  # noqa: ANN001
+    """Whole arrays, a callable, None, slices and device values in one list of pairs: the
+    snapshot lists each task's values in data order, tasks in first-seen order."""
+    a, b = make_holder("a"), make_holder("b")
+    remote = "/job:worker/replica:0/task:1/device:CPU:0"
+    saver = MultiDeviceSaver(_pairs({
+        a: {"a/w": np.ones(2), "a/none": None, "a/f": lambda: np.full(1, 5.0),
+            "a/r": DeviceValue(np.zeros(1), remote)},
+        b: {"b/p": {"4 0,2": np.ones(2), "4 2,2": np.zeros(2)}, "b/w": np.arange(3),
+            "b/d": DeviceValue(np.ones(3), "/device:CPU:0")},
+    }))  # fmt: skip
+    assert saver.tasks == ["", "/job:worker/replica:0/task:1"]
+    snapshot = saver.snapshot().tensors_by_task
+    local = [(t.checkpoint_key, t.slice_spec, t.device, t.trackable) for t in snapshot[""]]
+    assert local == [
+        ("a/w", "", None, a), ("a/f", "", None, a), ("b/p", "4 0,2", None, b),
+        ("b/p", "4 2,2", None, b), ("b/w", "", None, b), ("b/d", "", "/device:CPU:0", b),
+    ]
+    assert snapshot[""][1].tensor.tolist() == [5.0]
+    assert [(t.checkpoint_key, t.device) for t in snapshot["/job:worker/replica:0/task:1"]] == [
+        ("a/r", remote)
+    ]
+    with pytest.raises(InvalidArgumentError, match=r"'b/p' with slice spec '4 0,2'.*twice"):
+        MultiDeviceSaver(_pairs({a: {"b/p": {"4 0,2": np.ones(2)}},
+                                 b: {"b/p": {"4 0,2": np.ones(2)}}}))  # fmt: skip
+
+
+def test_a_shard_of_every_kind_of_value_round_trips(tmp_path) -> None:  # noqa: ANN001
+    """The one shard writer: runs of numeric arrays, strings, slices, device values and
+    ndarray subclasses in their places; the payload is what ``payload_bytes`` says."""
+    from trackpoint.storage import storage_for
+
+    shard = {
+        "n1": {"": np.arange(3.0)}, "s": {"": np.array([b"ab", b"c"], dtype=object)},
+        "n2": {"": np.ones((2, 2), np.int32)}, "sl": {"4 0,2": np.ones(2), "4 2,2": np.zeros(2)},
+        "dv": {"": DeviceValue(np.full(2, 7.0), "/device:CPU:0")},
+        "m": {"": np.ma.masked_array([1.0, 2.0])}, "n3": {"": np.zeros(0)},
+    }  # fmt: skip
+    prefix = str(tmp_path / "shard")
+    payload = shard_writer.write_shard(prefix, shard, storage_for(prefix))
+    assert payload == shard_writer.payload_bytes(shard) == 24 + 3 + 16 + 32 + 16 + 16
+    with BundleReader(prefix) as reader:
+        assert reader.read("n1").tolist() == [0.0, 1.0, 2.0]
+        assert reader.read("s").tolist() == [b"ab", b"c"]
+        assert reader.read("sl").tolist() == [1.0, 1.0, 0.0, 0.0]
+        assert reader.read("dv").tolist() == [7.0, 7.0]
+        assert reader.read("m").tolist() == [1.0, 2.0]
+        assert reader.read("n3").shape == (0,)

@@ -12,9 +12,9 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import chain, repeat
-from operator import attrgetter, itemgetter
-from typing import Any, NamedTuple, Protocol
+from itertools import chain, compress, repeat
+from operator import attrgetter, eq, is_not, itemgetter
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 import numpy as np
 
@@ -77,18 +77,18 @@ class SerializedTensors(Protocol):
         ...
 
 
-class _Entry(NamedTuple):
-    """One value the saver knows about (before evaluation).
+class _Values(NamedTuple):
+    """One task's values as the saver keeps them (before evaluation): parallel lists, one item
+    per value, so that the usual save (100,000 whole local arrays) is found, checked and
+    snapshotted a list at a time, in C (issue 19)."""
 
-    A NamedTuple, not a frozen dataclass: one is built per value on every save and restore,
-    and a tuple is several times cheaper to create (models of 100,000 values).
-    """
-
-    checkpoint_key: str
-    slice_spec: str
-    value: Any
-    device: str | None
-    trackable: Any
+    keys: list[str]
+    specs: list[str]
+    """Slice specs, ``""`` for a whole value."""
+    values: list[Any]
+    """An array, a zero-argument callable returning one, or None (graph only, never written)."""
+    devices: list[str | None]
+    trackables: list[Any]
 
 
 class MultiDeviceSaver:
@@ -124,89 +124,11 @@ class MultiDeviceSaver:
         serialized_tensors: SerializedTensors,
         registered_savers: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
-        self._entries_by_task: dict[str, list[_Entry]] = {}
         self._registered_savers = {
             name: dict(objects) for name, objects in (registered_savers or {}).items()
         }
         self._history: SaveHistory | None = None
-        # While every value is a whole local array (the usual save), they are kept as three
-        # parallel lists instead of entries: found, and later snapshotted, in C (issue 19).
-        self._plain = _plain_values(serialized_tensors)
-        if self._plain is not None:
-            if self._plain[0]:
-                self._entries_by_task[LOCAL_TASK] = []
-            else:
-                self._plain = None
-            return
-        local: list[_Entry] = []  # this process's values: most saves have no others
-        # The same while the local values seen so far are plain; None once one is not.
-        plain: tuple[list[str], list[np.ndarray], list[Any]] | None = ([], [], [])
-        owners: dict[tuple[str, str], Any] = {}
-        whole: dict[str, Any] = {}  # key -> owner of its whole value (slice spec "")
-        for trackable, tensor_dict in _items(serialized_tensors):
-            for key, slices in _items(tensor_dict):
-                if type(slices) is np.ndarray:  # the usual value: whole, local, no checks
-                    if key in whole or type(key) is not str or not key:
-                        self._check_key(key, "", trackable, owners, whole)
-                    whole[key] = trackable
-                    if LOCAL_TASK not in self._entries_by_task:  # tasks keep first-seen order
-                        self._entries_by_task[LOCAL_TASK] = local
-                    if plain is not None:
-                        plain[0].append(key)
-                        plain[1].append(slices)
-                        plain[2].append(trackable)
-                    else:
-                        local.append(_Entry(key, "", slices, None, trackable))
-                    continue
-                if not isinstance(key, str) or not key:
-                    raise InvalidArgumentError(
-                        f"checkpoint keys must be non-empty str, got {key!r} from {trackable!r}"
-                    )
-                if not isinstance(slices, Mapping):
-                    slices = (("", slices),)  # one whole value
-                else:
-                    slices = slices.items()
-                for raw_spec, raw_value in slices:
-                    plain_spec = type(raw_spec) is str and not raw_spec  # the usual "": no checks
-                    spec = "" if plain_spec else _check_spec(raw_spec, key)
-                    self._check_key(key, spec, trackable, owners, whole)
-                    if spec:
-                        owners[(key, spec)] = trackable
-                    else:
-                        whole[key] = trackable
-                    value, device = raw_value, None
-                    if isinstance(raw_value, DeviceValue):
-                        value, device = raw_value.value, raw_value.device
-                    entry = _Entry(key, spec, value, device, trackable)
-                    task = task_of(device)
-                    if task == LOCAL_TASK:
-                        if LOCAL_TASK not in self._entries_by_task:
-                            self._entries_by_task[LOCAL_TASK] = local
-                        if plain is not None:  # the plain values so far become entries
-                            local.extend(map(_Entry, plain[0], repeat(""), plain[1],
-                                             repeat(None), plain[2]))  # fmt: skip
-                            plain = None
-                    self._entries_by_task.setdefault(task, []).append(entry)
-        self._plain = plain if plain is not None and plain[0] else None
-
-    @staticmethod
-    def _check_key(
-        key: Any, spec: str, trackable: Any, owners: dict[tuple[str, str], Any],
-        whole: dict[str, Any],
-    ) -> None:
-        if not isinstance(key, str) or not key:
-            raise InvalidArgumentError(
-                f"checkpoint keys must be non-empty str, got {key!r} from {trackable!r}"
-            )
-        owner = owners.get((key, spec), _ABSENT) if spec else whole.get(key, _ABSENT)
-        if owner is not _ABSENT:
-            raise InvalidArgumentError(
-                f"checkpoint key {key!r} with slice spec {spec!r} is produced twice, "
-                f"by {owner!r} and by {trackable!r}; one would "
-                "overwrite the other in the checkpoint. Give the objects distinct "
-                "names.",
-                key=key,
-            )
+        self._values_by_task = _by_task(_flatten(serialized_tensors))
 
     @property
     def history(self) -> SaveHistory | None:
@@ -225,16 +147,7 @@ class MultiDeviceSaver:
     @property
     def tasks(self) -> list[str]:
         """The tasks of the values, in first-seen order (``""`` is this process)."""
-        return list(self._entries_by_task)
-
-    def _all_entries(self) -> Iterable[Sequence[_Entry]]:
-        """Every task's entries (the plain local values as entries too)."""
-        for task, entries in self._entries_by_task.items():
-            if task == LOCAL_TASK and self._plain is not None:
-                keys, arrays, trackables = self._plain
-                yield list(map(_Entry, keys, repeat(""), arrays, repeat(None), trackables))
-            else:
-                yield entries
+        return list(self._values_by_task)
 
     # -- save ------------------------------------------------------------------------------
     def snapshot(self) -> SaveSnapshot:
@@ -243,31 +156,31 @@ class MultiDeviceSaver:
         The arrays are not copied; see :meth:`SaveSnapshot.copy`.
         """
         tensors_by_task: dict[str, list[ShardableTensor]] = {}
-        for task, entries in self._entries_by_task.items():
-            if task == LOCAL_TASK and self._plain is not None:
-                keys, arrays, trackables = self._plain
-                # ShardableTensor(tensor, dtype, device, name, shape, spec, key, trackable)
-                # made in C by tuple.__new__ (a NamedTuple's own __new__ is Python), the dtype
-                # and shape read now (an array may have been reshaped in place).
-                fields = zip(
-                    arrays, map(_DTYPE, arrays), repeat(None), keys, map(_SHAPE, arrays),
-                    repeat(""), keys, trackables,
-                )  # fmt: skip
-                tensors_by_task[task] = list(map(tuple.__new__, repeat(ShardableTensor), fields))
-
-                continue
-            tensors = tensors_by_task.setdefault(task, [])
-            for entry in entries:
-                value = entry.value() if callable(entry.value) else entry.value
-                if value is None:
-                    continue
-                key = entry.checkpoint_key
-                array = value if type(value) is np.ndarray else as_array(value, key)
-                # Positional: one is made per value, and keywords cost a third more.
-                tensors.append(ShardableTensor(
-                    array, array.dtype, entry.device, key, array.shape, entry.slice_spec, key,
-                    entry.trackable,
-                ))  # fmt: skip
+        for task, (keys, specs, values, devices, trackables) in self._values_by_task.items():
+            arrays = values
+            odd = list(compress(range(len(values)), map(is_not, map(type, values),
+                                                          repeat(np.ndarray))))  # fmt: skip
+            if odd:  # callables called now, None dropped, other values as arrays
+                arrays = list(values)
+                for index in odd:
+                    value = values[index]
+                    value = value() if callable(value) else value
+                    arrays[index] = None if value is None else as_array(value, keys[index])
+            present = list(map(is_not, arrays, repeat(None))) if odd else None
+            if present is not None and not all(present):  # keep the values that are not None
+                kept = list(compress(range(len(arrays)), present))
+                arrays, keys, specs, devices, trackables = (
+                    list(map(column.__getitem__, kept))
+                    for column in (arrays, keys, specs, devices, trackables)
+                )
+            # ShardableTensor(tensor, dtype, device, name, shape, spec, key, trackable) made in
+            # C by tuple.__new__ (a NamedTuple's own __new__ is Python), the dtype and shape
+            # read now (an array may have been reshaped in place).
+            fields = zip(
+                arrays, map(_DTYPE, arrays), devices, keys, map(_SHAPE, arrays), specs, keys,
+                trackables,
+            )  # fmt: skip
+            tensors_by_task[task] = list(map(tuple.__new__, repeat(ShardableTensor), fields))
         return SaveSnapshot(tensors_by_task)
 
     def save(
@@ -480,15 +393,16 @@ class MultiDeviceSaver:
         storage = storage or (options and options.storage) or storage_for(prefix_str)
         # One item per trackable: {local name: key}, and the slice specs each value is read as.
         groups: dict[int, tuple[Trackable, dict[str, str], dict[str, dict[str, None]]]] = {}
-        for entries in self._all_entries():
-            for entry in entries:
-                trackable = entry.trackable
+        for task_values in self._values_by_task.values():
+            for key, spec, trackable in zip(
+                task_values.keys, task_values.specs, task_values.trackables
+            ):
                 if trackable is None:
                     continue
                 _, keys, layouts = groups.setdefault(id(trackable), (trackable, {}, {}))
-                name = local_name(entry.checkpoint_key)
-                keys[name] = entry.checkpoint_key
-                layouts.setdefault(name, {})[entry.slice_spec] = None
+                name = local_name(key)
+                keys[name] = key
+                layouts.setdefault(name, {})[spec] = None
         items = [
             RestoreItem(trackable, keys, repr(trackable), layouts)
             for trackable, keys, layouts in groups.values()
@@ -505,27 +419,112 @@ class MultiDeviceSaver:
 _ABSENT = object()
 
 
-def _plain_values(
-    serialized_tensors: SerializedTensors,
-) -> tuple[list[str], list[np.ndarray], list[Any]] | None:
-    """(keys, arrays, trackables) if every value is a whole local ndarray under a distinct
-    non-empty str key (the usual save), found in C; None to take the checked way."""
-    pairs = serialized_tensors.items()
-    if type(pairs) is not list:
-        return None
+def _flatten(serialized_tensors: SerializedTensors) -> _Values:
+    """Every value of ``serialized_tensors`` with its key, slice spec, device and trackable,
+    in data order, keys checked: non-empty strs, each (key, slice spec) produced once.
+
+    The usual values, whole local ndarrays in plain dicts, are listed in C; a mapping of
+    slices or a ``DeviceValue`` is expanded where it stands.
+    """
+    pairs = list(_items(serialized_tensors))
     dicts = list(map(_SECOND, pairs))
     if set(map(type, dicts)) - {dict}:
-        return None
-    keys = list(chain.from_iterable(dicts))
-    arrays = list(chain.from_iterable(map(dict.values, dicts)))
-    if set(map(type, arrays)) - {np.ndarray} or set(map(type, keys)) - {str}:
-        return None
-    distinct = set(keys)
-    if len(distinct) != len(keys) or "" in distinct:
-        return None  # the checked way says which key, and why
-    counts = map(len, dicts)
-    trackables = list(chain.from_iterable(map(repeat, map(_FIRST, pairs), counts)))
-    return keys, arrays, trackables
+        dicts = [dict(_items(d)) if type(d) is not dict else d for d in dicts]
+    keys: list[Any] = list(chain.from_iterable(dicts))
+    values: list[Any] = list(chain.from_iterable(map(dict.values, dicts)))
+    trackables = list(chain.from_iterable(map(repeat, map(_FIRST, pairs), map(len, dicts))))
+    count = len(keys)
+    specs: list[str] = [""] * count
+    devices: list[str | None] = [None] * count
+    odd = list(compress(range(count), map(is_not, map(type, values), repeat(np.ndarray))))
+    if odd:
+        keys, specs, values, devices, trackables = _expand(
+            keys, values, trackables, odd, specs, devices
+        )
+    if set(map(type, keys)) - {str} or "" in keys:
+        bad = next(i for i, key in enumerate(keys) if type(key) is not str or not key)
+        raise InvalidArgumentError(
+            f"checkpoint keys must be non-empty str, got {keys[bad]!r} from {trackables[bad]!r}"
+        )
+    if len(set(zip(keys, specs)) if odd else set(keys)) != len(keys):
+        _raise_duplicate(keys, specs, trackables)
+    return _Values(keys, specs, values, devices, trackables)
+
+
+def _expand(
+    keys: list[Any],
+    values: list[Any],
+    trackables: list[Any],
+    odd: list[int],
+    specs: list[str],
+    devices: list[str | None],
+) -> tuple[list[Any], list[str], list[Any], list[str | None], list[Any]]:
+    """The lists with each value at ``odd`` expanded: a mapping into its slices (specs
+    checked), a ``DeviceValue`` into its value and device; the runs between as they are."""
+    out: tuple[list[Any], list[str], list[Any], list[str | None], list[Any]] = ([], [], [], [], [])
+    new_keys, new_specs, new_values, new_devices, new_trackables = out
+    start = 0
+    for index in [*odd, len(keys)]:
+        new_keys += keys[start:index]
+        new_specs += specs[start:index]
+        new_values += values[start:index]
+        new_devices += devices[start:index]
+        new_trackables += trackables[start:index]
+        start = index + 1
+        if index == len(keys):
+            break
+        key, raw, trackable = keys[index], values[index], trackables[index]
+        if not isinstance(key, str) or not key:
+            raise InvalidArgumentError(
+                f"checkpoint keys must be non-empty str, got {key!r} from {trackable!r}"
+            )
+        slices = raw.items() if isinstance(raw, Mapping) else (("", raw),)
+        for raw_spec, raw_value in slices:
+            # The usual "": no checks.
+            spec = "" if type(raw_spec) is str and not raw_spec else _check_spec(raw_spec, key)
+            value, device = raw_value, None
+            if isinstance(raw_value, DeviceValue):
+                value, device = raw_value.value, raw_value.device
+            new_keys.append(key)
+            new_specs.append(spec)
+            new_values.append(value)
+            new_devices.append(device)
+            new_trackables.append(trackable)
+    return out
+
+
+def _raise_duplicate(keys: list[str], specs: list[str], trackables: list[Any]) -> NoReturn:
+    """Name the first (key, slice spec) produced twice, and both producers."""
+    owners: dict[tuple[str, str], Any] = {}
+    for key, spec, trackable in zip(keys, specs, trackables):
+        owner = owners.get((key, spec), _ABSENT)
+        if owner is not _ABSENT:
+            raise InvalidArgumentError(
+                f"checkpoint key {key!r} with slice spec {spec!r} is produced twice, "
+                f"by {owner!r} and by {trackable!r}; one would "
+                "overwrite the other in the checkpoint. Give the objects distinct "
+                "names.",
+                key=key,
+            )
+        owners[key, spec] = trackable
+    raise AssertionError("_raise_duplicate called without a duplicate")
+
+
+def _by_task(values: _Values) -> dict[str, _Values]:
+    """``values`` split by the task of each one's device, tasks in first-seen order; none
+    for no values."""
+    if not values.keys:
+        return {}
+    placed = list(compress(range(len(values.keys)), map(is_not, values.devices, repeat(None))))
+    tasks = {task_of(values.devices[index]) for index in placed}
+    if tasks <= {LOCAL_TASK}:
+        return {LOCAL_TASK: values}  # every value on this process: the usual save
+    task_list = list(map(task_of, values.devices))
+    by_task: dict[str, _Values] = {}
+    for task in dict.fromkeys(task_list):
+        chosen = list(compress(range(len(task_list)), map(eq, task_list, repeat(task))))
+        by_task[task] = _Values(*(list(map(column.__getitem__, chosen)) for column in values))
+    return by_task
 
 
 def _items(mapping: Any) -> Iterable[tuple[Any, Any]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from itertools import chain, compress
-from operator import attrgetter
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_, methodcaller, or_, truth
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,125 +22,99 @@ __all__ = ["payload_bytes", "write_shard", "write_shards"]
 
 _DTYPE = attrgetter("dtype")
 _NBYTES = attrgetter("nbytes")
+_TEXT_KINDS = "OSU"  # stored as strings: their payload is not their nbytes
 
 
 def _unwrap(value: Any) -> Any:
     return value.value if isinstance(value, DeviceValue) else value
 
 
-class _Whole(NamedTuple):
-    """A shard whose keys each hold one whole ndarray, and where its strings are."""
+class _Flat(NamedTuple):
+    """A shard's values in one list each, and where the values that are not a whole numeric
+    ndarray stand (slices, strings, staged values, other objects): each of those is written
+    in its place, the runs between them together."""
 
     keys: list[str]
-    arrays: list[np.ndarray]
-    strings: list[int]
-    """Positions of string values (the object graph): their stored size is not their payload."""
+    specs: list[str]
+    values: list[Any]
+    odd: list[int]
 
 
-def _whole_arrays(shard: Shard) -> _Whole | None:
-    """The shard's values if each key holds one whole ndarray, else None.
-
-    The usual shard; found in C (issue 19: 100,000 small values), then written by
-    ``BundleWriter.add_many``.
-    """
-    if type(shard) is not dict or not shard:
-        return None
+def _flatten(shard: Shard) -> _Flat:
+    """``shard`` as parallel lists, found in C for the usual shard (issue 19: 100,000 small
+    whole arrays)."""
     inner = list(shard.values())
-    if set(map(type, inner)) != {dict}:
-        return None
-    specs = list(chain.from_iterable(inner))
-    if len(specs) != len(inner) or set(specs) != {""}:
-        return None
-    arrays = list(chain.from_iterable(map(dict.values, inner)))
-    if set(map(type, arrays)) != {np.ndarray}:
-        return None
-    dtypes = list(map(_DTYPE, arrays))
-    text = {dtype for dtype in set(dtypes) if dtype.kind in "OSU"}
-    strings = list(compress(range(len(arrays)), map(text.__contains__, dtypes))) if text else []
-    return _Whole(list(shard), arrays, strings)
+    counts = list(map(len, inner))
+    keys = list(chain.from_iterable(map(repeat, shard, counts)))
+    specs: list[str] = list(chain.from_iterable(inner))
+    values = list(chain.from_iterable(map(methodcaller("values"), inner)))
+    arrays = list(map(is_, map(type, values), repeat(np.ndarray)))
+    if all(arrays):
+        dtypes = list(map(_DTYPE, values))
+    else:
+        dtypes = [value.dtype if plain else None for value, plain in zip(values, arrays)]
+    text = {dtype for dtype in set(dtypes) if dtype is None or dtype.kind in _TEXT_KINDS}
+    odd = list(compress(range(len(values)), map(or_, map(text.__contains__, dtypes),
+                                                map(truth, specs))))  # fmt: skip
+    return _Flat(keys, specs, values, odd)
+
+
+def _payload(value: Any) -> int:
+    """Payload bytes of one value that is not a whole numeric ndarray."""
+    if isinstance(value, StagedValue):
+        return value.nbytes
+    return payload_nbytes(np.asarray(_unwrap(value)))
 
 
 def payload_bytes(shard: Shard) -> int:
     """Bytes of the values in ``shard`` (for progress reports)."""
-    whole = _whole_arrays(shard)
-    if whole is not None:
-        total = int(sum(map(_NBYTES, whole.arrays)))
-        for i in whole.strings:
-            total += payload_nbytes(whole.arrays[i]) - whole.arrays[i].nbytes
-        return total
-    total = 0
-    for slices in shard.values():
-        for value in slices.values():
-            if type(value) is np.ndarray and value.dtype.kind not in "OSU":
-                total += value.nbytes
-            elif isinstance(value, StagedValue):
-                total += value.nbytes
-            else:
-                total += payload_nbytes(np.asarray(_unwrap(value)))
-    return total
+    flat = _flatten(shard)
+    if not flat.odd:
+        return int(sum(map(_NBYTES, flat.values)))
+    odd = set(flat.odd)
+    total = sum(value.nbytes for i, value in enumerate(flat.values) if i not in odd)
+    return int(total) + sum(_payload(flat.values[i]) for i in flat.odd)
 
 
 def write_shard(prefix: str, shard: Shard, storage: Storage) -> int:
     """Write one shard as a one-data-file bundle (runs on a pool thread); return its payload.
 
-    Whole values are handed to the writer together (``BundleWriter.add_many`` batches runs of
-    small ones); slices and staged values in between are written where they come. The payload
-    is :func:`payload_bytes` of the shard.
+    The runs of whole numeric arrays are handed to the writer together
+    (``BundleWriter.add_many`` batches runs of small ones); each other value (a slice, a string,
+    a staged value) is written where it stands. The payload is :func:`payload_bytes` of the
+    shard.
     """
     writer = BundleWriter(prefix, storage=storage)
-    whole = _whole_arrays(shard)
-    if whole is not None:
-        try:
-            names, values = whole.keys, whole.arrays
-            payload = start = 0
-            for i in [*whole.strings, len(values)]:  # numeric runs, each string in its place
-                before = writer.bytes_written
-                writer.add_many(names[start:i], values[start:i])
-                payload += writer.bytes_written - before  # numeric: exactly their nbytes
-                if i < len(values):
-                    writer.add(names[i], values[i])
-                    payload += payload_nbytes(values[i])
-                start = i + 1
-            writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
-        return payload
-    keys: list[str] = []
-    arrays: list[np.ndarray] = []
-
-    def flush() -> None:
-        if keys:
-            writer.add_many(keys, arrays)
-            keys.clear()
-            arrays.clear()
-
+    keys, specs, values, odd = _flatten(shard)
     try:
-        for key, slices in shard.items():
-            for spec, value in slices.items():
-                if not spec:
-                    if type(value) is np.ndarray:
-                        keys.append(key)
-                        arrays.append(value)
-                        continue
-                    if not isinstance(value, StagedValue):
-                        keys.append(key)
-                        arrays.append(as_array(_unwrap(value), key))
-                        continue
-                flush()
-                parsed = parse_slice_spec(spec) if spec else None
-                if isinstance(value, StagedValue):
-                    value.write_to(writer, key, parsed)
-                elif parsed is None:
-                    writer.add(key, as_array(_unwrap(value), key))
-                else:
-                    writer.add_slice(key, parsed[0], parsed[1], as_array(_unwrap(value), key))
-        flush()
+        payload = start = 0
+        for index in [*odd, len(values)]:
+            if start < index:
+                before = writer.bytes_written
+                writer.add_many(keys[start:index], values[start:index])
+                payload += writer.bytes_written - before  # numeric: exactly their nbytes
+            if index < len(values):
+                payload += _write_one(writer, keys[index], specs[index], values[index])
+            start = index + 1
         writer.finish()
     except BaseException:
         writer.abort()
         raise
-    return payload_bytes(shard)
+    return payload
+
+
+def _write_one(writer: BundleWriter, key: str, spec: str, value: Any) -> int:
+    """Write a value that is not a whole numeric ndarray; returns its payload bytes."""
+    parsed = parse_slice_spec(spec) if spec else None
+    if isinstance(value, StagedValue):
+        value.write_to(writer, key, parsed)
+        return int(value.nbytes)
+    array = as_array(_unwrap(value), key)
+    if parsed is None:
+        writer.add(key, array)
+    else:
+        writer.add_slice(key, parsed[0], parsed[1], array)
+    return payload_nbytes(array)
 
 
 def write_shards(
