@@ -63,7 +63,7 @@ def test_4_ranks_save_sharded_and_replicated_values_into_one_checkpoint(saved_by
     assert slices[key("dt")] == 3  # torch gives the 4th rank no rows of 6
     assert slices[key("flat")] > 4  # flat runs cut into boxes
     assert slices[key("lin.weight")] == 1  # replicated: written once
-    writers = {index._entries[key(name)].shard_id for name in ("lin.weight", "lin.bias")}
+    writers = {index.index.layout(key(name)).shard_id for name in ("lin.weight", "lin.bias")}
     assert writers  # written by some rank; balancing is tested in test_dist_plan.py
 
 

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from trackpoint._types import PathLike, fspath
-from trackpoint.bundle.entries import parse_entry, parse_header
+from trackpoint.bundle.entries import parse_entry
+from trackpoint.bundle.index import BundleIndex
 from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
-from trackpoint.bundle.table import TableBuilder, read_table, read_table_head
+from trackpoint.bundle.table import TableBuilder
 from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
@@ -40,20 +41,15 @@ class _Merger:
         self.entries: dict[bytes, BundleEntryProto] = {}
         self.files: dict[str, int] = {}  # input data file -> new shard id
         self.header: BundleHeaderProto | None = None
-        # (prefix, num_shards, whether it has entries, index bytes) of each input, in order
-        self.inputs: list[tuple[str, int, bool, bytes]] = []
+        self.inputs: list[BundleIndex] = []  # in order
         self.total_shards = 0
 
     def add_bundle(self, prefix: str) -> None:
         index_path = index_filename(prefix)
-        with self.storage.open_range_reader(index_path) as reader:
-            data = bytes(reader.read(0, reader.size))
-        # The first block holds the header; the entries are decoded only if they are merged
-        # (one bundle is renamed whole, see _commit_single).
-        head, blocks = read_table_head(data, index_path)
-        if not head or head[0][0] != b"":
-            raise CheckpointError(f"Index {index_path} has no header entry", path=index_path)
-        header = parse_header(head[0][1], index_path)
+        # The entries are scanned only if they are merged (one bundle is renamed whole, see
+        # _commit_single).
+        index = BundleIndex.load(prefix, self.storage, lazy=True)
+        header = index.header
         if self.header is None:
             self.header = header
         elif header.endianness != self.header.endianness:
@@ -68,12 +64,12 @@ class _Merger:
                 path=index_path,
             )
         self.total_shards += header.num_shards
-        self.inputs.append((prefix, header.num_shards, len(head) > 1 or blocks > 1, data))
+        self.inputs.append(index)
 
-    def _add_entries(self, prefix: str, num_shards: int, pairs: list[tuple[bytes, bytes]]) -> None:
-        index_path = index_filename(prefix)
+    def _add_entries(self, index: BundleIndex) -> None:
+        prefix, index_path, num_shards = index.prefix, index.path, index.num_shards
         sources: dict[int, str] = {}  # shard id in the input -> its data file
-        for raw_key, value in pairs[1:]:
+        for raw_key, value in index.rows():
             entry = parse_entry(value, key=_key_text(raw_key), path=index_path)
             earlier = self.entries.get(raw_key)
             if earlier is None:
@@ -116,22 +112,22 @@ class _Merger:
         """
         if len(self.inputs) != 1:
             return False
-        prefix, num_shards, has_entries, data = self.inputs[0]
-        if num_shards != 1 or not has_entries:
+        index = self.inputs[0]
+        if index.num_shards != 1 or not index.has_entries:
             return False
-        source = data_filename(prefix, 0, 1)
+        source = data_filename(index.prefix, 0, 1)
         target = data_filename(self.out_prefix, 0, 1)
         if source != target:
             self.storage.replace(source, target)
-        self.storage.write_atomic(index_filename(self.out_prefix), data)
+        self.storage.write_atomic(index_filename(self.out_prefix), index.data)
         return True
 
     def commit(self) -> None:
         assert self.header is not None
         if self._commit_single():
             return
-        for prefix, num_shards, _, data in self.inputs:
-            self._add_entries(prefix, num_shards, read_table(data, index_filename(prefix)))
+        for index in self.inputs:
+            self._add_entries(index)
         count = len(self.files)
         for source, shard_id in self.files.items():
             target = data_filename(self.out_prefix, shard_id, count)

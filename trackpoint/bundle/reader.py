@@ -10,7 +10,6 @@ checkpoint key.
 
 from __future__ import annotations
 
-import copy
 import functools
 import threading
 from concurrent.futures import Future, wait
@@ -58,25 +57,44 @@ class BundleReader:
     Thread-safe for concurrent reads. Arrays returned with ``copy=False`` are read-only views
     into the mapped data file and stay valid until :meth:`close`.
 
+    ``index``: the checkpoint's parsed index (:class:`~trackpoint.bundle.index.BundleIndex`),
+    if the caller holds it already; without it, ``prefix.index`` is read and parsed here.
+
     Raises (constructor):
         NotFoundError: ``prefix.index`` does not exist.
         DataLossError: the index is damaged.
-        InvalidArgumentError: the bundle's version excludes this reader.
+        InvalidArgumentError: the bundle's version excludes this reader, or ``index`` is the
+            index of another prefix.
     """
 
-    def __init__(self, prefix: PathLike, *, storage: Storage | None = None) -> None:
+    def __init__(
+        self,
+        prefix: PathLike,
+        *,
+        storage: Storage | None = None,
+        index: BundleIndex | None = None,
+    ) -> None:
         self._prefix = fspath(prefix)
         self._storage = resolve_storage(self._prefix, storage)
-        self._index = BundleIndex(self._prefix, self._storage)
+        # Bytes read from storage, added into trackpoint_bytes_read_total once, at close(): the
+        # index's if read here, plus each read's, appended to _reads (atomic, no lock per
+        # tensor) and folded into _bytes_read under the lock.
+        self._bytes_read = 0
+        if index is None:
+            index = BundleIndex.load(self._prefix, self._storage)
+            self._bytes_read = index.nbytes
+        elif index.prefix != self._prefix:
+            raise InvalidArgumentError(
+                f"BundleReader({self._prefix!r}) was given the index of {index.prefix!r}: "
+                "pass the index parsed from this prefix, or none",
+                path=self._prefix,
+            )
+        self._index = index
         self._layouts = self._index.layouts  # decoded entries, for the per-key loops
         # Tensors read from little-endian files are views of the files' bytes; big-endian
         # files are converted, strings decoded, each into a new array.
         self._native = not self._index.big_endian
         self._files = self._data_files()
-        # Bytes read from storage, added into trackpoint_bytes_read_total once, at close(): the
-        # index's, plus each read's, appended to _reads (atomic, no lock per tensor) and
-        # folded into _bytes_read under the lock.
-        self._bytes_read = self._index.nbytes
         self._reads: list[int] = []
         self._count_lock = threading.Lock()
 
@@ -88,6 +106,12 @@ class BundleReader:
     @property
     def prefix(self) -> str:
         return self._prefix
+
+    @property
+    def index(self) -> BundleIndex:
+        """The parsed index, to open another reader of this checkpoint without parsing it
+        again (``BundleReader(prefix, index=reader.index)``)."""
+        return self._index
 
     @property
     def header(self) -> BundleHeaderProto:
@@ -462,12 +486,7 @@ class BundleReader:
         For reading again after :meth:`close` (a deferred restore) without reading and
         checking the index a second time; data files are opened anew, on first use.
         """
-        other = copy.copy(self)
-        other._bytes_read = 0
-        other._reads = []
-        other._count_lock = threading.Lock()
-        other._files = other._data_files()
-        return other
+        return BundleReader(self._prefix, storage=self._storage, index=self._index)
 
     def __enter__(self) -> Self:
         return self

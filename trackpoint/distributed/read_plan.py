@@ -1,9 +1,10 @@
 """Reading exactly what a rank needs, in few requests: the read plan and a prefetching storage.
 
 A rank restoring a sharded model needs its own boxes of each sharded tensor plus the replicated
-values. :class:`IndexView` parses the checkpoint's index once and maps each request (checkpoint
-key, region) to the byte ranges that hold it: the whole entry of an unsliced tensor, or only the
-stored slices that intersect the region (tf-checkpoint-format.md §8.4). :func:`coalesce` merges
+values. :class:`IndexView` maps each request (checkpoint key, region) to the byte ranges that
+hold it, from the checkpoint's parsed index (:class:`~trackpoint.bundle.index.BundleIndex`):
+the whole entry of an unsliced tensor, or only the stored slices that intersect the region
+(tf-checkpoint-format.md §8.4). :func:`coalesce` merges
 the ranges of each data file that lie close together, and :class:`PrefetchedStorage` fetches
 the merged ranges concurrently, one request each, then serves the bundle reader's reads from
 memory. On object stores that turns one request per tensor into a few per file; on a local disk
@@ -19,17 +20,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trackpoint.bundle.entries import parse_entry, parse_header
-from trackpoint.bundle.naming import data_filename, index_filename
-from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto
-from trackpoint.bundle.slice_spec import TensorSlice, decode_slice_key, parse_slice_spec
-from trackpoint.bundle.table import read_table
+from trackpoint.bundle.index import BundleIndex
+from trackpoint.bundle.naming import data_filename
+from trackpoint.bundle.slice_spec import TensorSlice, parse_slice_spec
 from trackpoint.errors import DataLossError
 from trackpoint.storage import RangeReader, Storage
 from trackpoint.storage.base import DelegatingStorage
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+    from trackpoint.bundle.layout import Layout
 
 __all__ = ["ByteRange", "IndexView", "PrefetchedStorage", "coalesce", "read_requests"]
 
@@ -47,75 +48,54 @@ class ByteRange:
     size: int
 
 
+@dataclass(frozen=True, slots=True)
 class IndexView:
-    """Where every tensor and slice of a checkpoint lies, from one read of its index.
+    """Where every tensor and slice of a checkpoint lies, from its parsed index.
 
     Raises (``load``):
         NotFoundError: the index does not exist.
         DataLossError: it is damaged.
     """
 
-    def __init__(self, prefix: str, index_bytes: bytes) -> None:
-        self.prefix = prefix
-        self.index_path = index_filename(prefix)
-        self.index_bytes = index_bytes
-        pairs = read_table(index_bytes, self.index_path)
-        if not pairs or pairs[0][0] != b"":
-            raise DataLossError(
-                f"Corrupted index file {self.index_path}: no header entry", path=self.index_path
-            )
-        self.num_shards = parse_header(pairs[0][1], self.index_path).num_shards
-        self._entries: dict[str, BundleEntryProto] = {}
-        self._slices: dict[str, list[tuple[TensorSlice, BundleEntryProto]]] = {}
-        for raw_key, value in pairs[1:]:
-            if raw_key[:1] == b"\x00":
-                try:
-                    key, stored = decode_slice_key(raw_key)
-                except ValueError as exc:
-                    raise DataLossError(
-                        f"Corrupted index file {self.index_path}: bad slice key {raw_key!r} "
-                        f"({exc})", path=self.index_path,
-                    ) from exc
-                entry = parse_entry(value, key=key, path=self.index_path)
-                self._slices.setdefault(key, []).append((stored, entry))
-            else:
-                key = raw_key.decode("utf-8", "surrogateescape")
-                self._entries[key] = parse_entry(value, key=key, path=self.index_path)
+    index: BundleIndex
 
     @classmethod
     def load(cls, prefix: str, storage: Storage) -> IndexView:
         """Read and parse ``prefix.index``."""
-        return cls(prefix, storage.read_bytes(index_filename(prefix)))
+        return cls(BundleIndex.load(prefix, storage))
 
     def keys(self) -> list[str]:
         """Checkpoint keys (slice entries hidden)."""
-        return list(self._entries)
+        return self.index.keys()
 
     def has_slot_variables(self) -> bool:
         """True if the checkpoint holds optimizer slot state."""
-        return any(OPTIMIZER_SLOT_MARK in key for key in self._entries)
+        return any(OPTIMIZER_SLOT_MARK in key for key in self.index.keys())
 
-    def _range(self, entry: BundleEntryProto) -> ByteRange:
-        path = data_filename(self.prefix, entry.shard_id, self.num_shards)
-        return ByteRange(path, int(entry.offset), int(entry.size))
+    def _range(self, layout: Layout) -> ByteRange:
+        path = data_filename(self.index.prefix, layout.shard_id, self.index.num_shards)
+        return ByteRange(path, layout.offset, layout.size)
 
     def ranges(self, key: str, region: TensorSlice | None = None) -> list[ByteRange]:
         """The bytes reading ``region`` of ``key`` touches (None: the whole tensor).
 
         Unknown keys give no ranges: the reader reports them as missing itself.
+
+        Raises:
+            DataLossError: the entry of ``key``, or of one of its stored slices, is damaged.
         """
-        entry = self._entries.get(key)
-        if entry is None:
+        index = self.index
+        if not index.has_tensor(key):
             return []
-        if not entry.slices:
-            return [self._range(entry)]
-        out = []
-        for stored, slice_entry in self._slices.get(key, ()):
-            if region is None or (
-                stored.rank == region.rank and stored.intersect(region) is not None
-            ):
-                out.append(self._range(slice_entry))
-        return out
+        layout = index.layout(key)
+        if not layout.slices:
+            return [self._range(layout)]
+        return [
+            self._range(index.slice_layout(key, stored))
+            for stored in layout.slices
+            if region is None
+            or (stored.rank == region.rank and stored.intersect(region) is not None)
+        ]
 
 
 def coalesce(
@@ -195,8 +175,8 @@ class PrefetchedStorage(DelegatingStorage):
 
     def __init__(self, inner: Storage, index: IndexView) -> None:
         super().__init__(inner)
-        self._index_path = index.index_path
-        self._index_bytes: bytes | None = index.index_bytes
+        self._index_path = index.index.path
+        self._index_bytes: bytes | None = index.index.data
         self._files: dict[str, tuple[int, list[tuple[int, bytes]]]] = {}
         self._readers: dict[str, RangeReader] = {}
         self.requests = 0

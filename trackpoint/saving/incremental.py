@@ -34,6 +34,7 @@ from typing import cast
 import numpy as np
 import xxhash
 
+from trackpoint.bundle.index import BundleIndex
 from trackpoint.bundle.naming import index_filename
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.errors import CheckpointError
@@ -189,7 +190,7 @@ class SaveHistory:
         """
         try:
             index = storage.read_bytes(index_filename(prefix))
-            previous = PreviousCheckpoint(prefix, storage, index)
+            previous = PreviousCheckpoint(BundleIndex.parse(prefix, index), storage)
             sizes = tuple(storage.size(previous.data_file(s)) for s in range(previous.num_shards))
         except CheckpointError as exc:
             logger.warning(
@@ -225,7 +226,8 @@ class SaveHistory:
                 return None
             if baseline.parsed is not None:
                 return baseline, baseline.parsed  # the same index bytes: parsed once
-            return baseline, PreviousCheckpoint(baseline.prefix, storage, index)
+            parsed = BundleIndex.parse(baseline.prefix, index)
+            return baseline, PreviousCheckpoint(parsed, storage)
         except CheckpointError as exc:
             logger.info(
                 "Incremental save: previous checkpoint %s is unusable (%s); writing every value",

@@ -1,4 +1,4 @@
-"""Reusing data files of an earlier checkpoint: its index, read as pieces, and linked bundles.
+"""Reusing data files of an earlier checkpoint: its parsed index as pieces, and linked bundles.
 
 An incremental save (:mod:`trackpoint.saving.incremental`) keeps a data file of the previous
 checkpoint when every tensor stored in it is a value that is unchanged now. The file is not
@@ -33,9 +33,10 @@ import numpy as np
 
 from trackpoint.bundle.crc import crc32c, unmask
 from trackpoint.bundle.dtypes import DataType, datatype_for
-from trackpoint.bundle.entries import make_entry, make_header, parse_entry, parse_header
+from trackpoint.bundle.entries import make_entry, make_header
+from trackpoint.bundle.index import BundleIndex
 from trackpoint.bundle.naming import data_filename, index_filename
-from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto
+from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto
 from trackpoint.bundle.slice_spec import (
     TensorSlice,
     encode_slice_key,
@@ -43,7 +44,7 @@ from trackpoint.bundle.slice_spec import (
     parse_slice_spec,
 )
 from trackpoint.bundle.strings import decode_strings
-from trackpoint.bundle.table import TableBuilder, read_table
+from trackpoint.bundle.table import TableBuilder
 from trackpoint.errors import CheckpointError, DataLossError
 from trackpoint.saving.change_tracking import Token, content_digests, run_shared
 from trackpoint.saving.sharding import ShardableTensor
@@ -115,48 +116,33 @@ def _contains(outer: TensorSlice, inner: TensorSlice, full_shape: Sequence[int])
 
 
 class PreviousCheckpoint:
-    """The index of the checkpoint an incremental save compares against, as pieces.
+    """The checkpoint an incremental save compares against: its parsed index, as pieces.
 
     Raises (constructor):
-        NotFoundError: the checkpoint is gone.
-        DataLossError: its index is damaged.
+        DataLossError: an entry of its index is damaged, or a partitioned tensor lists a
+            slice without its entry.
     """
 
-    def __init__(self, prefix: str, storage: Storage, index: bytes) -> None:
-        self.prefix = prefix
+    def __init__(self, index: BundleIndex, storage: Storage) -> None:
+        self.index = index
+        self.prefix = index.prefix
         self.storage = storage
-        path = index_filename(prefix)
-        pairs = read_table(index, path)
-        if not pairs or pairs[0][0] != b"":
-            raise DataLossError(f"Index {path} has no header entry", path=path)
-        header = parse_header(pairs[0][1], path)
-        self.num_shards = header.num_shards
-        self.big_endian = header.endianness == BundleHeaderProto.BIG
-        values = dict(pairs[1:])
+        self.num_shards = index.num_shards
+        self.big_endian = index.big_endian
         self.full: dict[str, BundleEntryProto] = {}
         self.pieces_by_key: dict[str, list[Piece]] = {}
         self.pieces_by_shard: dict[int, list[Piece]] = {}
         self._datatypes: dict[Any, int] = {}  # numpy dtype -> DataType, looked up once
-        for raw_key, value in pairs[1:]:
-            if raw_key[:1] == b"\x00":
-                continue  # slice entries are reached from their full entry
-            key = raw_key.decode("utf-8", "surrogateescape")
-            entry = parse_entry(value, key=key, path=path)
+        for key in index.keys():
+            entry = index.entry(key)
             self.full[key] = entry
             pieces = self.pieces_by_key.setdefault(key, [])
             if not entry.slices:
-                pieces.append(Piece(raw_key, key, entry, None))
+                pieces.append(Piece(key.encode("utf-8", "surrogateescape"), key, entry, None))
             for proto in entry.slices:
                 box = TensorSlice.from_proto(proto)
-                slice_key = encode_slice_key(key, box)
-                stored = values.get(slice_key)
-                if stored is None:
-                    raise DataLossError(
-                        f"Index {path} lists slice {box} of {key!r} without its entry",
-                        path=path,
-                        key=key,
-                    )
-                pieces.append(Piece(slice_key, key, parse_entry(stored, key=key, path=path), box))
+                stored = index.slice_entry(key, box)
+                pieces.append(Piece(encode_slice_key(key, box), key, stored, box))
         for pieces in self.pieces_by_key.values():
             for piece in pieces:
                 self.pieces_by_shard.setdefault(piece.entry.shard_id, []).append(piece)
