@@ -18,7 +18,6 @@ import pytest
 
 import trackpoint as tp
 from trackpoint import errors
-from trackpoint.bundle.table import TableBuilder
 from trackpoint.errors import (
     CheckpointError,
     CollectiveError,
@@ -90,16 +89,6 @@ def test_no_exception_class_is_defined_outside_errors_py() -> None:
             ):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.name}")
     assert offenders == []
-
-
-def test_table_builder_misuse_is_a_failed_precondition() -> None:
-    builder = TableBuilder()
-    builder.add(b"a", b"1")
-    builder.finish()
-    with pytest.raises(FailedPreconditionError, match="after finish"):
-        builder.add(b"b", b"2")
-    with pytest.raises(FailedPreconditionError, match="called twice"):
-        builder.finish()
 
 
 def test_write_with_a_non_path_names_the_argument() -> None:

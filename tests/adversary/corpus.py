@@ -30,7 +30,8 @@ import trackpoint as tp
 from trackpoint.bundle import BundleReader, BundleWriter, TensorSlice, encode_slice_key
 from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
-from trackpoint.bundle.table import TableBuilder, read_table
+from trackpoint.bundle.table import read_table
+from trackpoint.bundle.table_batch import table_of_pairs
 
 __all__ = [
     "CLI_ALL",
@@ -128,13 +129,9 @@ def _rewrite_index(prefix: str, edit: Callable[[list[tuple[bytes, bytes]]], None
     """Write the index again from ``edit``-ed (key, value) rows, in the given order; a
     repeated key is written twice (the table builder refuses that, the file format does not)."""
     path = prefix + ".index"
-    rows = read_table(Path(path).read_bytes(), path)
+    rows = read_table(Path(path).read_bytes(), path).pairs()
     edit(rows)
-    builder = TableBuilder()
-    for key, value in rows:
-        builder._last_key = None  # noqa: SLF001 - allow duplicates on purpose
-        builder.add(key, value)
-    Path(path).write_bytes(builder.finish())
+    Path(path).write_bytes(table_of_pairs(rows, ordered=False))  # duplicates on purpose
 
 
 def _entry(rows: list[tuple[bytes, bytes]], key: str) -> tuple[int, BundleEntryProto]:

@@ -22,7 +22,8 @@ from trackpoint.bundle.entries import make_entry
 from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto, BundleHeaderProto
 from trackpoint.bundle.protos.trackable_object_graph_pb2 import TrackableObjectGraph
 from trackpoint.bundle.strings import encode_strings
-from trackpoint.bundle.table import TableBuilder, read_table
+from trackpoint.bundle.table import read_table
+from trackpoint.bundle.table_batch import table_of_pairs
 
 __all__ = ["Files", "Op", "Skip"]
 
@@ -61,20 +62,16 @@ class Skip(Exception):
 # -- structured access -----------------------------------------------------------------------
 def entries(files: Files) -> list[tuple[bytes, bytes]]:
     try:
-        return read_table(files.index, "fuzz.index")
+        return read_table(files.index, "fuzz.index").pairs()
     except Exception as exc:  # damaged by an earlier raw op
         raise Skip from exc
 
 
 def set_entries(files: Files, rows: list[tuple[bytes, bytes]]) -> None:
-    builder = TableBuilder()
-    seen: set[bytes] = set()
+    unique: dict[bytes, bytes] = {}
     for key, value in sorted(rows, key=lambda row: row[0]):
-        if key in seen:
-            continue
-        seen.add(key)
-        builder.add(key, value)
-    files.index = builder.finish()
+        unique.setdefault(key, value)
+    files.index = table_of_pairs(list(unique.items()))
 
 
 def _first_data(files: Files) -> str:

@@ -252,7 +252,7 @@ def _source(name: str, root: str, prefix: str, make_live: Callable[[], Live] | N
     state = open(state_path, "rb").read() if os.path.exists(state_path) else None
     files = Files(index, data, state)
     source = Source(name, files, base, make_live)
-    rows = read_table(index, prefix)
+    rows = read_table(index, prefix).pairs()
     keys = [key for key, _ in rows if key]
     py_state = [key for key in keys if key.endswith(b"py_state")]
     nodes = 0

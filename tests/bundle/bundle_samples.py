@@ -7,7 +7,7 @@ import numpy as np
 
 from trackpoint.bundle.entries import make_entry
 from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleHeaderProto
-from trackpoint.bundle.table import TableBuilder
+from trackpoint.bundle.table_batch import table_of_pairs
 
 # Every numeric dtype the bundle writes, with its TensorFlow DataType name.
 NUMERIC_DTYPES: list[tuple[str, np.dtype]] = [
@@ -61,11 +61,8 @@ def hand_built(prefix: str, header: BundleHeaderProto, tensors: list[tuple]) -> 
             datatype, shape, offset=len(data), size=len(raw), crc32c=crc
         )
         data += raw
-    builder = TableBuilder()
-    builder.add(b"", header.SerializeToString())
-    for key in sorted(entries):
-        builder.add(key, entries[key].SerializeToString())
+    rows = [(key, entries[key].SerializeToString()) for key in sorted(entries)]
     with open(f"{prefix}.index", "wb") as f:
-        f.write(builder.finish())
+        f.write(table_of_pairs([(b"", header.SerializeToString()), *rows]))
     with open(f"{prefix}.data-00000-of-00001", "wb") as f:
         f.write(data)

@@ -189,7 +189,7 @@ def test_i6_keys_sorted_by_utf8_bytes_and_unicode(prefix):
         for i, key in enumerate(keys):
             assert reader.read(key).tolist() == [i]
     table = read_table(open(f"{prefix}.index", "rb").read(), "x")
-    assert [k for k, _ in table] == [b""] + [k.encode() for k in expected]
+    assert table.keys == [b""] + [k.encode() for k in expected]
 
 
 def test_i6_data_order_is_add_order(prefix):

@@ -59,7 +59,7 @@ def test_i7_full_extent_spec_is_stored_plain(prefix):
             )
         for key in "abc":
             np.testing.assert_array_equal(reader.read(key), FULL)
-    keys = [k for k, _ in read_table(open(f"{prefix}.index", "rb").read(), "x")]
+    keys = read_table(open(f"{prefix}.index", "rb").read(), "x").keys
     assert keys == [b"", b"a", b"b", b"c"]
 
 
@@ -67,7 +67,7 @@ def test_i7_slice_entries_under_ordered_code_keys(prefix):
     with BundleWriter(prefix) as writer:
         writer.add_slice("t", (5, 10), "0,2:-", FULL[:2])
         writer.add_slice("t", (5, 10), "2,3:-", FULL[2:])
-    keys = [k for k, _ in read_table(open(f"{prefix}.index", "rb").read(), "x")]
+    keys = read_table(open(f"{prefix}.index", "rb").read(), "x").keys
     assert keys == sorted(
         [
             b"",
@@ -191,17 +191,14 @@ def test_merge_missing_inputs(tmp_path):
 
 def test_merge_version_mismatch(tmp_path):
     from trackpoint.bundle.entries import make_header
-    from trackpoint.bundle.table import TableBuilder
+    from trackpoint.bundle.table_batch import table_of_pairs
 
     a, b = _shards(tmp_path)
     header = make_header(1)
     header.version.bad_consumers.append(7)
-    pairs = read_table(open(f"{b}.index", "rb").read(), "b")
-    builder = TableBuilder()
-    builder.add(b"", header.SerializeToString())
-    for key, value in pairs[1:]:
-        builder.add(key, value)
-    open(f"{b}.index", "wb").write(builder.finish())
+    pairs = read_table(open(f"{b}.index", "rb").read(), "b").pairs()
+    rows = [(b"", header.SerializeToString()), *pairs[1:]]
+    open(f"{b}.index", "wb").write(table_of_pairs(rows))
     with pytest.raises(InvalidArgumentError, match="version"):
         merge_bundles([a, b], str(tmp_path / "out"))
 

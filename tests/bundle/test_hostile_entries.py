@@ -14,7 +14,8 @@ from trackpoint.bundle.crc import extend, mask
 from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto
 from trackpoint.bundle.reader import BundleReader
 from trackpoint.bundle.strings import _encode_varints, _lengths_crc
-from trackpoint.bundle.table import TableBuilder, read_table
+from trackpoint.bundle.table import read_table
+from trackpoint.bundle.table_batch import table_of_pairs
 from trackpoint.bundle.writer import BundleWriter
 from trackpoint.errors import DataLossError
 
@@ -22,15 +23,12 @@ from trackpoint.errors import DataLossError
 def _edit_index(prefix: str, key: bytes, change) -> None:
     """Rewrite ``prefix.index`` with entry ``key`` changed (block checksums stay valid)."""
     path = prefix + ".index"
-    rows = dict(read_table(open(path, "rb").read(), path))
+    rows = dict(read_table(open(path, "rb").read(), path).pairs())
     entry = BundleEntryProto.FromString(rows[key])
     change(entry)
     rows[key] = entry.SerializeToString()
-    builder = TableBuilder()
-    for row_key in sorted(rows):
-        builder.add(row_key, rows[row_key])
     with open(path, "wb") as f:
-        f.write(builder.finish())
+        f.write(table_of_pairs(sorted(rows.items())))
 
 
 def _peak_bytes(call) -> int:
@@ -73,7 +71,7 @@ def test_slices_that_claim_more_than_their_file_are_refused_before_allocating(tm
     with BundleWriter(prefix) as writer:
         writer.add_slice("t", (4, 3), "0,2:-", np.ones((2, 3), np.float32))
         writer.add_slice("t", (4, 3), "2,2:-", np.zeros((2, 3), np.float32))
-    rows = dict(read_table(open(prefix + ".index", "rb").read(), prefix))
+    rows = dict(read_table(open(prefix + ".index", "rb").read(), prefix).pairs())
     slice_keys = [key for key in rows if key.startswith(b"\x00")]
 
     def grow(entry: BundleEntryProto) -> None:

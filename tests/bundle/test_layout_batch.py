@@ -11,8 +11,8 @@ from trackpoint.bundle import BundleReader, BundleWriter
 from trackpoint.bundle.entries import entry_head, entry_tail, make_entry, make_header
 from trackpoint.bundle.layout import LayoutDecoder
 from trackpoint.bundle.layout_batch import common_layouts
-from trackpoint.bundle.table import TableBuilder
-from trackpoint.bundle.table_scan import TableColumns
+from trackpoint.bundle.table import TableColumns
+from trackpoint.bundle.table_batch import table_of_pairs
 from trackpoint.errors import DataLossError
 
 _DATATYPES = st.sampled_from([0, 1, 2, 7, 9, 14, 19, 20, 21, 29, 33, 100, 127, 128, 300])
@@ -83,12 +83,13 @@ def test_batch_layouts_equal_protobuf_layouts(values, num_shards):
 def test_reads_after_batch_decoding_word_errors_with_the_entry(prefix):
     # A tensor whose entry names shard 3 of a one-shard bundle: decoded in the batch, its read
     # still reports what is wrong, from the entry's bytes in the index.
-    builder = TableBuilder()
-    builder.add(b"", make_header(1).SerializeToString())
-    builder.add(b"bad", make_entry(1, (1,), shard_id=3, size=4).SerializeToString())
-    builder.add(b"good", make_entry(1, (0,), crc32c=0xA282EAD8).SerializeToString())
+    rows = [
+        (b"", make_header(1).SerializeToString()),
+        (b"bad", make_entry(1, (1,), shard_id=3, size=4).SerializeToString()),
+        (b"good", make_entry(1, (0,), crc32c=0xA282EAD8).SerializeToString()),
+    ]
     with open(f"{prefix}.index", "wb") as f:
-        f.write(builder.finish())
+        f.write(table_of_pairs(rows))
     open(f"{prefix}.data-00000-of-00001", "wb").close()
     with BundleReader(prefix) as reader:
         assert reader.read("good").shape == (0,)

@@ -13,7 +13,7 @@ from bundle_samples import hand_built
 from trackpoint.bundle import BundleReader, BundleWriter, masked_crc32c
 from trackpoint.bundle.dtypes import DataType
 from trackpoint.bundle.entries import make_entry, make_header
-from trackpoint.bundle.table import TableBuilder
+from trackpoint.bundle.table_batch import table_of_pairs
 from trackpoint.errors import DataLossError, InvalidArgumentError
 
 _GOOD = np.arange(4, dtype=np.float32)
@@ -85,12 +85,11 @@ def test_unrepresentable_dtype_is_refused_by_metadata_and_reads(prefix):
 def test_bad_shard_id_is_data_loss_for_reads_only(prefix):
     raw = _GOOD.tobytes()
     hand_built(prefix, make_header(1), [("x", DataType.DT_FLOAT, (4,), raw, masked_crc32c(raw))])
-    builder = TableBuilder()  # the index again, with the entry naming shard 3 of 1
-    builder.add(b"", make_header(1).SerializeToString())
+    # The index again, with the entry naming shard 3 of 1.
     entry = make_entry(DataType.DT_FLOAT, (4,), shard_id=3, size=16, crc32c=masked_crc32c(raw))
-    builder.add(b"x", entry.SerializeToString())
+    rows = [(b"", make_header(1).SerializeToString()), (b"x", entry.SerializeToString())]
     with open(f"{prefix}.index", "wb") as f:
-        f.write(builder.finish())
+        f.write(table_of_pairs(rows))
     with BundleReader(prefix) as reader:
         assert reader.shape("x") == (4,) and reader.dtype("x") == np.float32
         with pytest.raises(DataLossError, match="names shard 3"):

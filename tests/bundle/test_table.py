@@ -7,14 +7,9 @@ import struct
 import pytest
 
 from trackpoint.bundle.crc import crc32c, extend, mask
-from trackpoint.bundle.table import (
-    TableBuilder,
-    encode_varint,
-    read_table,
-    read_table_head,
-    short_successor,
-    shortest_separator,
-)
+from trackpoint.bundle.table import encode_varint, read_table_head
+from trackpoint.bundle.table import read_table as read_columns
+from trackpoint.bundle.table_batch import short_successor, shortest_separator, table_of_pairs
 from trackpoint.errors import DataLossError, InvalidArgumentError
 
 
@@ -44,10 +39,11 @@ WORKED_TAIL = (
 
 
 def build(entries) -> bytes:
-    builder = TableBuilder()
-    for key, value in entries:
-        builder.add(key, value)
-    return builder.finish()
+    return table_of_pairs(entries)
+
+
+def read_table(data: bytes, path: str) -> list[tuple[bytes, bytes]]:
+    return read_columns(data, path).pairs()
 
 
 def test_worked_example_bytes():
@@ -127,10 +123,8 @@ def test_varints_match_protobuf(value):
 
 
 def test_keys_must_increase():
-    builder = TableBuilder()
-    builder.add(b"b", b"")
     with pytest.raises(InvalidArgumentError, match="strictly increasing"):
-        builder.add(b"a", b"")
+        build([(b"b", b""), (b"a", b"")])
 
 
 # -- damage: every byte flip is caught by a block checksum or a structure check --------------

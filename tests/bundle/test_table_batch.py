@@ -1,26 +1,19 @@
-"""The one-pass table builder and scanner (§3) against the entry-by-entry ones, byte for byte."""
+"""The table builder and reader (§3) against a reference of TensorFlow's steps, byte for byte."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import table_reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from table_reference import reference_table as one_by_one
 
-from trackpoint.bundle import table as table_module
 from trackpoint.bundle.entries import entry_head, entry_tail
 from trackpoint.bundle.entry_batch import entry_columns
-from trackpoint.bundle.table import TableBuilder, read_table
+from trackpoint.bundle.table import _read_entries, _scan, read_table
 from trackpoint.bundle.table_batch import Column, build_table
-from trackpoint.bundle.table_scan import _scan, scan_table
 from trackpoint.errors import DataLossError, InvalidArgumentError
-
-
-def one_by_one(pairs: list[tuple[bytes, bytes]], block_size: int = 262144) -> bytes:
-    builder = TableBuilder(block_size=block_size)
-    for key, value in pairs:
-        builder.add(key, value)
-    return builder.finish()
 
 
 def in_one_pass(pairs: list[tuple[bytes, bytes]], block_size: int = 262144) -> bytes:
@@ -29,7 +22,7 @@ def in_one_pass(pairs: list[tuple[bytes, bytes]], block_size: int = 262144) -> b
 
 
 def scanned(data: bytes) -> list[tuple[bytes, bytes]]:
-    table = scan_table(data, "t.index")
+    table = read_table(data, "t.index")
     return [(key, table.value(i)) for i, key in enumerate(table.keys)]
 
 
@@ -53,7 +46,7 @@ def test_build_and_scan_agree_with_one_by_one(keys, data, block_size):
     pairs = list(zip(keys, values))
     expected = one_by_one(pairs, block_size)
     assert in_one_pass(pairs, block_size) == expected
-    assert scanned(expected) == read_table(expected, "t.index") == pairs
+    assert scanned(expected) == _read_entries(expected, "t.index") == pairs
 
 
 def test_many_blocks_big_entries_and_empty_table():
@@ -61,7 +54,7 @@ def test_many_blocks_big_entries_and_empty_table():
     pairs.insert(2500, (b"layer_02499/kernelz", bytes(600_000)))  # two blocks' worth alone
     data = one_by_one(pairs)
     assert in_one_pass(pairs) == data
-    assert len(read_table(data, "x")) == len(pairs) and scanned(data) == pairs
+    assert _read_entries(data, "x") == pairs and scanned(data) == pairs
     assert in_one_pass([]) == one_by_one([])
     assert scanned(one_by_one([])) == []
 
@@ -97,17 +90,17 @@ def test_entry_columns_are_head_plus_tail(entries, long_head):
     offsets, sizes, crcs = (np.array([e[k] for e in entries], np.int64) for k in (2, 3, 4))
     columns = entry_columns(heads, np.array(ids, np.int64), offsets, sizes, crcs)
     keys = [b"%05d" % i for i in range(len(entries))]
-    got = [v for _, v in read_table(build_table(keys, columns), "t")]
+    got = [v for _, v in read_table(build_table(keys, columns), "t").pairs()]
     assert got == [
         heads[h] + entry_tail(int(o), int(s), int(c))
         for h, o, s, c in zip(ids, offsets, sizes, crcs)
     ]
 
 
-def test_scan_defers_unusual_tables_to_read_table(monkeypatch):
+def test_reader_decodes_unusual_tables_entry_by_entry(monkeypatch):
     # A valid table with 200 entries between restart points (not TensorFlow's 16) and
     # varints of several bytes: the same pairs, through the entry-by-entry reader.
-    monkeypatch.setattr(table_module, "RESTART_INTERVAL", 200)
+    monkeypatch.setattr(table_reference, "RESTART_INTERVAL", 200)
     pairs = [(b"k%04d" % i + b"x" * 200, bytes(300)) for i in range(500)]
     data = one_by_one(pairs)
     assert _scan(data, "t") is None
@@ -121,7 +114,7 @@ def _outcome(function, data):  # noqa: ANN001, ANN202
         return type(exc).__name__, str(exc)
 
 
-def test_scan_reports_damage_exactly_as_read_table():
+def test_reader_reports_damage_exactly_as_the_entry_by_entry_decode():
     pairs = [(f"w/{i:03d}".encode(), bytes([i]) * (i % 5)) for i in range(60)]
     data = one_by_one(pairs, block_size=128)
     damaged = 0
@@ -129,7 +122,7 @@ def test_scan_reports_damage_exactly_as_read_table():
         for bit in (0, 7):
             broken = bytearray(data)
             broken[position] ^= 1 << bit
-            expected = _outcome(lambda d: read_table(bytes(d), "t.index"), broken)
+            expected = _outcome(lambda d: _read_entries(bytes(d), "t.index"), broken)
             assert _outcome(lambda d: scanned(bytes(d)), broken) == expected, position
             damaged += expected[0] != "ok"
     assert damaged > len(data)  # the checksums catch nearly every flip

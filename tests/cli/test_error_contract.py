@@ -199,21 +199,20 @@ def test_verify_and_stats_refuse_slices_that_do_not_fill_the_declared_shape(
     import shutil
 
     from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto
-    from trackpoint.bundle.table import TableBuilder, read_table
+    from trackpoint.bundle.table import read_table
+    from trackpoint.bundle.table_batch import table_of_pairs
 
     golden = Path(__file__).parents[1] / "golden" / "bundle"
     for file in golden.glob("sliced.*"):
         shutil.copy(file, tmp_path / file.name)
     index = tmp_path / "sliced.index"
-    rows = read_table(index.read_bytes(), str(index))
-    builder = TableBuilder()
-    for key, value in rows:
+    rows = read_table(index.read_bytes(), str(index)).pairs()
+    for i, (key, value) in enumerate(rows):
         if key == b"t":
             entry = BundleEntryProto.FromString(value)
             entry.shape.dim[0].size = 2**40  # declared [2**40, 10]; the slices hold [5, 10]
-            value = entry.SerializeToString()
-        builder.add(key, value)
-    index.write_bytes(builder.finish())
+            rows[i] = (key, entry.SerializeToString())
+    index.write_bytes(table_of_pairs(rows))
     prefix = str(tmp_path / "sliced")
     for command in ("verify", "stats"):
         code, _, err = _run([command, prefix], capsys)

@@ -12,7 +12,7 @@ from trackpoint.bundle.table import read_table
 def corrupt(prefix: str, key: str) -> None:
     """Damage ``key``'s bytes: the value itself, or its first stored slice if it is sliced."""
     index = f"{prefix}.index"
-    for raw_key, value in read_table(Path(index).read_bytes(), index):
+    for raw_key, value in read_table(Path(index).read_bytes(), index).pairs():
         if raw_key.startswith(b"\x00"):
             name, _ = decode_slice_key(raw_key)
         else:

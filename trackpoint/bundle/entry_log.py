@@ -5,8 +5,8 @@ index key as a tuple: a head id (its dtype and shape, serialized once per distin
 repeats a few), its offset, size and CRC.
 :meth:`EntryLog.index_bytes` serializes every entry and builds the sorted table in one pass
 (:func:`~trackpoint.bundle.entry_batch.entry_columns`,
-:func:`~trackpoint.bundle.table_batch.build_table`), byte-identical to adding each
-``BundleEntryProto`` to a :class:`~trackpoint.bundle.table.TableBuilder` in key order.
+:func:`~trackpoint.bundle.table_batch.build_table`), byte-identical to serializing each
+``BundleEntryProto`` and building the table of the pairs in key order.
 """
 
 from __future__ import annotations

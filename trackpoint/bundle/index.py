@@ -26,15 +26,14 @@ from trackpoint.bundle.layout_batch import common_layouts
 from trackpoint.bundle.naming import index_filename
 from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleHeaderProto
 from trackpoint.bundle.slice_spec import encode_slice_key
-from trackpoint.bundle.table import read_table_head
-from trackpoint.bundle.table_scan import scan_table
+from trackpoint.bundle.table import read_table, read_table_head
 from trackpoint.errors import DataLossError, NotFoundError
 from trackpoint.metrics import registry as metrics
 
 if TYPE_CHECKING:
     from trackpoint.bundle.protos.tensor_bundle_pb2 import BundleEntryProto
     from trackpoint.bundle.slice_spec import TensorSlice
-    from trackpoint.bundle.table_scan import TableColumns
+    from trackpoint.bundle.table import TableColumns
     from trackpoint.storage.base import Storage
 
 __all__ = ["BundleIndex", "count_checksum_failure"]
@@ -181,8 +180,7 @@ class BundleIndex:
     def rows(self) -> list[tuple[bytes, bytes]]:
         """Every ``(index key, serialized entry)`` but the header's, in key order: slice
         entries (§8.3) first, then one per checkpoint key."""
-        table = self._entries().table
-        return [(table.keys[row], table.value(row)) for row in range(1, len(table.keys))]
+        return self._entries().table.pairs()[1:]
 
     # -- keys and entries ------------------------------------------------------------------
     def keys(self) -> list[str]:
@@ -349,9 +347,9 @@ class BundleIndex:
 
 
 def _scan(data: bytes, path: str) -> TableColumns:
-    """:func:`scan_table`, counting a checksum that does not match."""
+    """:func:`read_table`, counting a checksum that does not match."""
     try:
-        return scan_table(data, path)
+        return read_table(data, path)
     except DataLossError as exc:
         count_checksum_failure(exc)
         raise

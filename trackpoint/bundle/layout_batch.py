@@ -20,11 +20,11 @@ import numpy as np
 
 from trackpoint.bundle.crc import MASK_DELTA
 from trackpoint.bundle.layout import Layout, LayoutDecoder
-from trackpoint.bundle.table_scan import varints_at
+from trackpoint.bundle.table import varints_at
 
 if TYPE_CHECKING:
     from trackpoint.bundle.layout import _Kind
-    from trackpoint.bundle.table_scan import TableColumns
+    from trackpoint.bundle.table import TableColumns
 
 __all__ = ["common_layouts"]
 

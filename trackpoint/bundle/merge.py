@@ -16,7 +16,7 @@ from trackpoint._types import PathLike, fspath
 from trackpoint.bundle.entries import parse_entry
 from trackpoint.bundle.index import BundleIndex
 from trackpoint.bundle.naming import data_filename, index_filename, resolve_storage
-from trackpoint.bundle.table import TableBuilder
+from trackpoint.bundle.table_batch import table_of_pairs
 from trackpoint.errors import CheckpointError, InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
@@ -138,11 +138,9 @@ class _Merger:
         # TF writes the sum of the inputs' num_shards; that equals the number of renamed data
         # files unless an input had no entries (§17.4), where TF's file would be unreadable.
         header.num_shards = count or self.total_shards
-        builder = TableBuilder()
-        builder.add(b"", header.SerializeToString())
-        for raw_key in sorted(self.entries):
-            builder.add(raw_key, self.entries[raw_key].SerializeToString())
-        self.storage.write_atomic(index_filename(self.out_prefix), builder.finish())
+        rows = [(key, self.entries[key].SerializeToString()) for key in sorted(self.entries)]
+        table = table_of_pairs([(b"", header.SerializeToString()), *rows])
+        self.storage.write_atomic(index_filename(self.out_prefix), table)
 
 
 def merge_bundles(

@@ -1,10 +1,9 @@
 """The ``.index`` file: a LevelDB-style sorted string table (tf-checkpoint-format.md §3).
 
-:class:`TableBuilder` reproduces TensorFlow's table builder byte for byte with the options the
-bundle code uses (256 KiB blocks, restart interval 16, index restart interval 1, no
-compression, an empty metaindex block, shortest-separator / short-successor index keys).
-:func:`read_table` does a full scan with every block trailer checksum verified; indexes are
-small, so a list of pairs beats TensorFlow's seek-based iterator in simplicity and speed.
+Its format (blocks, trailers, footer) and the one table reader, :func:`read_table`: a full scan
+with every block trailer checksum verified, into columns (keys, and each value a span of the
+file). Indexes are small enough that a full scan beats TensorFlow's seek-based iterator in
+simplicity and speed. The one table builder is :func:`~trackpoint.bundle.table_batch.build_table`.
 """
 
 from __future__ import annotations
@@ -12,19 +11,21 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from trackpoint.bundle.crc import crc32c, extend, mask, unmask
-from trackpoint.errors import DataLossError, FailedPreconditionError, InvalidArgumentError
+import numpy as np
+
+from trackpoint.bundle.crc import crc32c, extend, unmask
+from trackpoint.errors import DataLossError, InvalidArgumentError
 
 __all__ = [
     "BLOCK_SIZE",
     "FOOTER_SIZE",
     "TABLE_MAGIC",
     "BlockHandle",
-    "TableBuilder",
+    "TableColumns",
+    "encode_varint",
     "read_table",
     "read_table_head",
-    "shortest_separator",
-    "short_successor",
+    "varints_at",
 ]
 
 BLOCK_SIZE = 262144
@@ -35,6 +36,10 @@ _MAGIC_BYTES = struct.pack("<Q", TABLE_MAGIC)
 _TRAILER_SIZE = 5
 _NO_COMPRESSION = 0
 _SNAPPY = 1
+_I64 = np.dtype(np.int64)
+# Entries decoded per restart run before the run is left to Python: TensorFlow restarts every
+# 16 entries, so a longer run means a table made otherwise.
+_MAX_RUN = 64
 
 
 # One-byte varints, the common case for lengths and shared-prefix sizes.
@@ -55,13 +60,6 @@ def encode_varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
-
-
-def _shared_prefix(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of ``a`` and ``b``, compared in C (no per-byte loop)."""
-    n = min(len(a), len(b))
-    diff = int.from_bytes(a[:n], "big") ^ int.from_bytes(b[:n], "big")
-    return n - (diff.bit_length() + 7) // 8
 
 
 def _varint(buf: bytes | memoryview, pos: int, end: int, what: str) -> tuple[int, int]:
@@ -88,156 +86,6 @@ class BlockHandle:
 
     def encode(self) -> bytes:
         return encode_varint(self.offset) + encode_varint(self.size)
-
-
-def shortest_separator(start: bytes, limit: bytes) -> bytes:
-    """A short key K with ``start <= K < limit`` chosen exactly as LevelDB's bytewise comparator."""
-    n = min(len(start), len(limit))
-    i = 0
-    while i < n and start[i] == limit[i]:
-        i += 1
-    if i >= n:
-        return start  # one is a prefix of the other
-    byte = start[i]
-    if byte < 0xFF and byte + 1 < limit[i]:
-        return start[:i] + bytes((byte + 1,))
-    return start
-
-
-def short_successor(key: bytes) -> bytes:
-    """A short key >= ``key``: bump the first byte that is not 0xFF and cut after it."""
-    for i, byte in enumerate(key):
-        if byte != 0xFF:
-            return key[:i] + bytes((byte + 1,))
-    return key
-
-
-class _BlockBuilder:
-    """One block: prefix-compressed entries plus the restart array (§3.2)."""
-
-    __slots__ = ("_buf", "_counter", "_interval", "_last_key", "_restarts")
-
-    def __init__(self, interval: int) -> None:
-        self._interval = interval
-        self._buf = bytearray()
-        self._restarts = [0]
-        self._counter = 0
-        self._last_key = b""
-
-    @property
-    def empty(self) -> bool:
-        return not self._buf
-
-    def estimated_size(self) -> int:
-        return len(self._buf) + 4 * len(self._restarts) + 4
-
-    def add(self, key: bytes, value: bytes) -> None:
-        if self._counter < self._interval:
-            shared = _shared_prefix(self._last_key, key)
-            self._counter += 1
-        else:
-            shared = 0
-            self._restarts.append(len(self._buf))
-            self._counter = 1
-        non_shared = len(key) - shared
-        value_len = len(value)
-        buf = self._buf
-        if shared < 0x80 and non_shared < 0x80 and value_len < 0x80:
-            buf += bytes((shared, non_shared, value_len))  # one byte per varint, the norm
-        else:
-            buf += encode_varint(shared) + encode_varint(non_shared) + encode_varint(value_len)
-        buf += key[shared:]
-        buf += value
-        self._last_key = key
-
-    def finish(self) -> bytes:
-        tail = struct.pack(f"<{len(self._restarts) + 1}I", *self._restarts, len(self._restarts))
-        block = bytes(self._buf) + tail
-        self._buf = bytearray()
-        self._restarts = [0]
-        self._counter = 0
-        self._last_key = b""
-        return block
-
-
-class TableBuilder:
-    """Builds a table in memory, identical to TensorFlow's for the same sorted entries.
-
-    Keys must arrive in strictly increasing bytewise order.
-    """
-
-    def __init__(self, *, block_size: int = BLOCK_SIZE) -> None:
-        self._block_size = block_size
-        self._out = bytearray()
-        self._data = _BlockBuilder(RESTART_INTERVAL)
-        self._index = _BlockBuilder(1)
-        self._pending: BlockHandle | None = None
-        self._last_key: bytes | None = None
-        self._finished = False
-
-    def add(self, key: bytes, value: bytes) -> None:
-        """Append one entry (step numbers refer to §3.5).
-
-        Raises:
-            FailedPreconditionError: :meth:`finish` was called already.
-            InvalidArgumentError: ``key`` does not sort after the previous key.
-        """
-        if self._finished:
-            raise FailedPreconditionError(
-                f"TableBuilder.add({key!r}) after finish: the table is complete; start a new one"
-            )
-        if self._last_key is not None and key <= self._last_key:
-            raise InvalidArgumentError(
-                f"table keys must be strictly increasing: {key!r} after {self._last_key!r}"
-            )
-        # Step 2: an entry of at least two blocks goes into a block of its own.
-        if self._last_key is not None and len(key) + len(value) >= 2 * self._block_size:
-            self._flush()
-        # Step 3: the waiting index entry gets a separator between the two blocks.
-        if self._pending is not None:
-            assert self._last_key is not None
-            sep = shortest_separator(self._last_key, key)
-            self._index.add(sep, self._pending.encode())
-            self._pending = None
-        data = self._data
-        data.add(key, value)
-        self._last_key = key
-        if data.estimated_size() >= self._block_size:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._data.empty:
-            return
-        self._pending = self._write_block(self._data.finish())
-
-    def _write_block(self, block: bytes) -> BlockHandle:
-        handle = BlockHandle(len(self._out), len(block))
-        crc = extend(crc32c(block), bytes((_NO_COMPRESSION,)))
-        self._out += block
-        self._out += struct.pack("<BI", _NO_COMPRESSION, mask(crc))
-        return handle
-
-    def finish(self) -> bytes:
-        """Flush, write the metaindex, index block and footer; return the whole file.
-
-        Raises:
-            FailedPreconditionError: called twice.
-        """
-        if self._finished:
-            raise FailedPreconditionError(
-                "TableBuilder.finish called twice: the table was returned by the first call"
-            )
-        self._finished = True
-        self._flush()
-        metaindex = self._write_block(_BlockBuilder(RESTART_INTERVAL).finish())
-        if self._pending is not None:
-            assert self._last_key is not None
-            self._index.add(short_successor(self._last_key), self._pending.encode())
-            self._pending = None
-        index = self._write_block(self._index.finish())
-        handles = metaindex.encode() + index.encode()
-        self._out += handles + bytes(FOOTER_SIZE - 8 - len(handles)) + _MAGIC_BYTES
-        return bytes(self._out)
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -314,16 +162,10 @@ def _block_entries(block: memoryview, base: int, path: str) -> list[tuple[bytes,
     return entries
 
 
-def read_table(data: bytes | memoryview, path: str) -> list[tuple[bytes, bytes]]:
-    """All ``(key, value)`` pairs of a table file, in key order.
-
-    Every block's trailer checksum is verified, and keys must be strictly increasing.
-
-    Raises:
-        DataLossError: the file is not a table or is damaged (message names ``path`` and the
-            offset).
-        InvalidArgumentError: a block is snappy-compressed.
-    """
+def _read_entries(data: bytes | memoryview, path: str) -> list[tuple[bytes, bytes]]:
+    """All ``(key, value)`` pairs, decoded entry by entry: :func:`read_table` for the tables its
+    array decode declines (restart runs longer than TensorFlow writes, damage), which this
+    words exactly (message names ``path`` and the offset)."""
     data = memoryview(data).cast("B")
     result: list[tuple[bytes, bytes]] = []
     for sep, handle in _data_blocks(data, path):
@@ -382,3 +224,164 @@ def _data_blocks(data: memoryview, path: str) -> list[tuple[bytes, BlockHandle]]
             raise _corrupt(path, index_off, f"bad block handle for index key {sep!r}") from None
         handles.append((sep, BlockHandle(off, length)))
     return handles
+
+
+@dataclass(frozen=True, slots=True)
+class TableColumns:
+    """A table's entries in key order: ``keys[i]`` holds ``data[starts[i]:ends[i]]``."""
+
+    keys: list[bytes]
+    data: bytes
+    starts: np.ndarray
+    ends: np.ndarray
+
+    def value(self, i: int) -> bytes:
+        return self.data[int(self.starts[i]) : int(self.ends[i])]
+
+    def pairs(self) -> list[tuple[bytes, bytes]]:
+        """Every ``(key, value)``, in key order."""
+        data = self.data
+        spans = zip(self.starts.tolist(), self.ends.tolist())
+        return [(key, data[a:b]) for key, (a, b) in zip(self.keys, spans)]
+
+    @classmethod
+    def of_pairs(cls, pairs: list[tuple[bytes, bytes]]) -> TableColumns:
+        lengths = np.fromiter((len(v) for _, v in pairs), _I64, len(pairs))
+        ends = np.cumsum(lengths)
+        return cls([k for k, _ in pairs], b"".join(v for _, v in pairs), ends - lengths, ends)
+
+
+def varints_at(
+    buf: np.ndarray, pos: np.ndarray, width: int = 5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, positions after, ok) of the varints of at most ``width`` bytes at ``pos``
+    (``buf`` padded by ``width``); 5 bytes: varint32s, 9: values below 2**63."""
+    value = np.zeros(len(pos), _I64)
+    done = np.zeros(len(pos), bool)
+    after = pos.copy()
+    for k in range(width):
+        byte = buf[pos + k].astype(_I64)
+        todo = ~done
+        value |= np.where(todo, (byte & 0x7F) << (7 * k), 0)
+        after += todo
+        done |= byte < 0x80
+        if done.all():
+            break
+    return value, after, done
+
+
+def read_table(data: bytes, path: str) -> TableColumns:
+    """Every entry of the table file ``data``, in key order, each value a span of ``data``.
+
+    Every block's trailer checksum is verified, and keys must be strictly increasing. The
+    entry headers of every restart run of every block are decoded at once (the entries between
+    two restart points follow each other, but the runs are independent), and only the keys are
+    built in Python; a table this decode declines (damage, or restart runs longer than
+    TensorFlow writes) is decoded entry by entry, which words the error.
+
+    Raises:
+        DataLossError: the file is not a table or is damaged (message names ``path`` and the
+            offset).
+        InvalidArgumentError: a block is snappy-compressed.
+    """
+    scanned = _scan(data, path)
+    return scanned if scanned is not None else TableColumns.of_pairs(_read_entries(data, path))
+
+
+def _scan(data: bytes, path: str) -> TableColumns | None:
+    """The columns, or None when :func:`_read_entries` must decide (it raises or agrees)."""
+    view = memoryview(data)
+    blocks = _data_blocks(view, path)  # the footer and the index block, checked
+    run_starts: list[np.ndarray] = []
+    run_ends: list[np.ndarray] = []
+    block_limits: list[tuple[int, int, bytes]] = []
+    for separator, handle in blocks:
+        _read_block(view, handle, path)  # checks the trailer
+        if handle.size < 4:
+            return None
+        (count,) = struct.unpack_from("<I", data, handle.offset + handle.size - 4)
+        limit = handle.size - 4 * (count + 1)
+        if count == 0 or limit < 0:
+            return None
+        restarts = np.frombuffer(data, "<u4", count, handle.offset + limit).astype(_I64)
+        if restarts[0] != 0 or (count > 1 and (np.diff(restarts) <= 0).any()):
+            return None
+        if restarts[-1] >= limit and limit:
+            return None
+        if limit:  # an empty block has no entries
+            run_starts.append(handle.offset + restarts)
+            run_ends.append(handle.offset + np.append(restarts[1:], limit))
+        block_limits.append((handle.offset, handle.offset + limit, separator))
+    if not run_starts:
+        return TableColumns([], data, np.zeros(0, _I64), np.zeros(0, _I64))
+    starts = np.concatenate(run_starts)
+    ends = np.concatenate(run_ends)
+    buf = np.concatenate([np.frombuffer(data, np.uint8), np.zeros(16, np.uint8)])
+    steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    pos = starts.copy()
+    active = np.arange(len(starts))
+    for _ in range(_MAX_RUN):
+        if not len(active):
+            break
+        shared, after, ok1 = varints_at(buf, pos[active])
+        non_shared, after, ok2 = varints_at(buf, after)
+        value_len, after, ok3 = varints_at(buf, after)
+        value_start = after + non_shared
+        following = value_start + value_len
+        if not (ok1 & ok2 & ok3 & (following <= ends[active])).all():
+            return None
+        steps.append((active, shared, after, value_start, following))
+        pos[active] = following
+        active = active[following < ends[active]]
+    else:
+        if len(active):
+            return None
+    return _columns(data, starts, steps, block_limits)
+
+
+def _columns(
+    data: bytes,
+    starts: np.ndarray,
+    steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    block_limits: list[tuple[int, int, bytes]],
+) -> TableColumns | None:
+    """Order the decoded entries run by run, check their keys, and build the keys."""
+    per_run = np.zeros(len(starts), _I64)
+    for active, *_ in steps:
+        per_run[active] += 1
+    first = np.cumsum(per_run) - per_run
+    n = int(per_run.sum())
+    shared = np.empty(n, _I64)
+    key_start = np.empty(n, _I64)
+    value_start = np.empty(n, _I64)
+    value_end = np.empty(n, _I64)
+    for step, (active, sh, ks, vs, ve) in enumerate(steps):
+        rows = first[active] + step
+        shared[rows], key_start[rows], value_start[rows], value_end[rows] = sh, ks, vs, ve
+    # A key may share at most the previous key of its block; a block's first key shares none.
+    key_len = shared + (value_start - key_start)
+    previous = np.concatenate([[0], key_len[:-1]])
+    block_first = np.searchsorted(key_start, [lo for lo, _, _ in block_limits])
+    previous[block_first[block_first < n]] = 0
+    if (shared > previous).any():
+        return None
+    # Keys must strictly increase: within a block, an equal key shares all of the previous one
+    # and adds nothing; the order itself is checked below, in C, by sorting.
+    previous_len = np.concatenate([[-1], key_len[:-1]])
+    previous_len[block_first[block_first < n]] = -1
+    if ((shared == previous_len) & (key_len == previous_len)).any():
+        return None
+    keys: list[bytes] = []
+    append = keys.append
+    key = b""
+    for cut, lo, hi in zip(shared.tolist(), key_start.tolist(), value_start.tolist()):
+        key = key[:cut] + data[lo:hi] if cut else data[lo:hi]
+        append(key)
+    across = [i for i in block_first.tolist() if 0 < i < n]  # a block's first key
+    if sorted(keys) != keys or any(keys[i - 1] == keys[i] for i in across):
+        return None  # _read_entries words the error
+    block_last = np.searchsorted(key_start, [hi for _, hi, _ in block_limits]) - 1
+    for (_, _, separator), lo, last in zip(block_limits, block_first.tolist(), block_last.tolist()):
+        if last >= lo and keys[last] > separator:
+            return None
+    return TableColumns(keys, data, value_start, value_end)

@@ -1,16 +1,18 @@
-"""A whole ``.index`` table from sorted entries in one pass, with numpy (§3).
+"""The one ``.index`` table builder: a whole table from sorted entries in one pass (§3).
 
-:class:`~trackpoint.bundle.table.TableBuilder` adds one entry at a time, as TensorFlow's builder
-does; for the hundreds of thousands of entries of a model of many small tensors its per-entry
-Python (prefix comparison, three varints, block bookkeeping) outweighs the tensors' own bytes.
-:func:`build_table` takes every entry at once and computes the same bytes with array
-operations: shared key prefixes eight bytes at a time, the block boundaries of §3.5 per block
-rather than per entry, and the entries' bytes as rows of a padded matrix squeezed by a mask.
-``tests/bundle/test_table_batch.py`` pins its output to :class:`TableBuilder`'s.
+:func:`build_table` reproduces TensorFlow's table builder byte for byte with the options the
+bundle code uses (256 KiB blocks, restart interval 16, index restart interval 1, no
+compression, an empty metaindex block, shortest-separator / short-successor index keys). It
+takes every entry at once and computes the bytes with array operations: shared key prefixes
+eight bytes at a time, the block boundaries of §3.5 per block rather than per entry, and the
+entries' bytes as rows of a padded matrix squeezed by a mask; for the hundreds of thousands of
+entries of a model of many small tensors, a per-entry loop would outweigh the tensors' own
+bytes. ``tests/bundle/test_table_batch.py`` pins its output to bytes TensorFlow wrote and to a
+reference of §3.5's steps.
 
 Values come as :class:`Column` s, pieces that each entry's value concatenates, so that callers
 that encode entries in a batch (:func:`~trackpoint.bundle.entry_batch.entry_columns`) never make
-a ``bytes`` per entry.
+a ``bytes`` per entry; :func:`table_of_pairs` takes ``(key, value)`` pairs.
 """
 
 from __future__ import annotations
@@ -28,14 +30,19 @@ from trackpoint.bundle.table import (
     RESTART_INTERVAL,
     TABLE_MAGIC,
     BlockHandle,
-    _BlockBuilder,
-    _shared_prefix,
-    short_successor,
-    shortest_separator,
+    encode_varint,
 )
 from trackpoint.errors import InvalidArgumentError
 
-__all__ = ["Column", "build_table", "varint_bytes", "varint_sizes"]
+__all__ = [
+    "Column",
+    "build_table",
+    "short_successor",
+    "shortest_separator",
+    "table_of_pairs",
+    "varint_bytes",
+    "varint_sizes",
+]
 
 _MAGIC_BYTES = struct.pack("<Q", TABLE_MAGIC)
 _NO_COMPRESSION = b"\x00"
@@ -47,6 +54,83 @@ _WINDOW = 128
 _ROWS = 32768
 _U8 = np.dtype(np.uint8)
 _I64 = np.dtype(np.int64)
+
+
+def _shared_prefix(a: bytes, b: bytes) -> int:
+    """Length of the common prefix of ``a`` and ``b``, compared in C (no per-byte loop)."""
+    n = min(len(a), len(b))
+    diff = int.from_bytes(a[:n], "big") ^ int.from_bytes(b[:n], "big")
+    return n - (diff.bit_length() + 7) // 8
+
+
+def shortest_separator(start: bytes, limit: bytes) -> bytes:
+    """A short key K with ``start <= K < limit`` chosen exactly as LevelDB's bytewise comparator."""
+    n = min(len(start), len(limit))
+    i = 0
+    while i < n and start[i] == limit[i]:
+        i += 1
+    if i >= n:
+        return start  # one is a prefix of the other
+    byte = start[i]
+    if byte < 0xFF and byte + 1 < limit[i]:
+        return start[:i] + bytes((byte + 1,))
+    return start
+
+
+def short_successor(key: bytes) -> bytes:
+    """A short key >= ``key``: bump the first byte that is not 0xFF and cut after it."""
+    for i, byte in enumerate(key):
+        if byte != 0xFF:
+            return key[:i] + bytes((byte + 1,))
+    return key
+
+
+class _BlockBuilder:
+    """One block: prefix-compressed entries plus the restart array (§3.2)."""
+
+    __slots__ = ("_buf", "_counter", "_interval", "_last_key", "_restarts")
+
+    def __init__(self, interval: int) -> None:
+        self._interval = interval
+        self._buf = bytearray()
+        self._restarts = [0]
+        self._counter = 0
+        self._last_key = b""
+
+    @property
+    def empty(self) -> bool:
+        return not self._buf
+
+    def estimated_size(self) -> int:
+        return len(self._buf) + 4 * len(self._restarts) + 4
+
+    def add(self, key: bytes, value: bytes) -> None:
+        if self._counter < self._interval:
+            shared = _shared_prefix(self._last_key, key)
+            self._counter += 1
+        else:
+            shared = 0
+            self._restarts.append(len(self._buf))
+            self._counter = 1
+        non_shared = len(key) - shared
+        value_len = len(value)
+        buf = self._buf
+        if shared < 0x80 and non_shared < 0x80 and value_len < 0x80:
+            buf += bytes((shared, non_shared, value_len))  # one byte per varint, the norm
+        else:
+            buf += encode_varint(shared) + encode_varint(non_shared) + encode_varint(value_len)
+        buf += key[shared:]
+        buf += value
+        self._last_key = key
+
+    def finish(self) -> bytes:
+        tail = struct.pack(f"<{len(self._restarts) + 1}I", *self._restarts, len(self._restarts))
+        block = bytes(self._buf) + tail
+        self._buf = bytearray()
+        self._restarts = [0]
+        self._counter = 0
+        self._last_key = b""
+        return block
 
 
 def varint_sizes(values: np.ndarray) -> np.ndarray:
@@ -140,7 +224,7 @@ def _records(rows: np.ndarray, columns: Sequence[Column]) -> np.ndarray:
 
 
 def _shared_with_previous(
-    keys: Sequence[bytes], kbuf: np.ndarray, kstart: np.ndarray
+    keys: Sequence[bytes], kbuf: np.ndarray, kstart: np.ndarray, check: bool = True
 ) -> np.ndarray:
     """Length of the common prefix of each key with the one before it (0 for the first).
 
@@ -179,7 +263,7 @@ def _shared_with_previous(
         kbuf[np.minimum(kstart[:-2] + shared[1:], last)]
         < kbuf[np.minimum(kstart[1:-1] + shared[1:], last)],
     )
-    if not ok.all():
+    if check and not ok.all():
         i = int(np.flatnonzero(~ok)[0]) + 1
         raise InvalidArgumentError(
             f"table keys must be strictly increasing: {keys[i]!r} after {keys[i - 1]!r}"
@@ -190,7 +274,7 @@ def _shared_with_previous(
 def _block_ends(
     restart_size: np.ndarray, size: np.ndarray, big: np.ndarray, block_size: int
 ) -> list[int]:
-    """The index one past the last entry of each data block, as TableBuilder closes them (§3.5).
+    """The index one past the last entry of each data block, as TensorFlow closes them (§3.5).
 
     ``restart_size``/``size``: each entry's bytes when it starts a restart / when it does not;
     ``big``: entries of at least two blocks, which begin a block of their own (step 2).
@@ -225,21 +309,39 @@ def _block_ends(
     return ends
 
 
+def table_of_pairs(
+    pairs: Sequence[tuple[bytes, bytes]], *, block_size: int = BLOCK_SIZE, ordered: bool = True
+) -> bytes:
+    """:func:`build_table` of ``(key, value)`` pairs.
+
+    Raises:
+        InvalidArgumentError: the keys are not strictly increasing (with ``ordered``).
+    """
+    values = Column.of_bytes([value for _, value in pairs])
+    keys = [key for key, _ in pairs]
+    return build_table(keys, [values], block_size=block_size, ordered=ordered)
+
+
 def build_table(
-    keys: Sequence[bytes], values: Sequence[Column], *, block_size: int = BLOCK_SIZE
+    keys: Sequence[bytes],
+    values: Sequence[Column],
+    *,
+    block_size: int = BLOCK_SIZE,
+    ordered: bool = True,
 ) -> bytes:
     """The table file of ``keys`` (strictly increasing) and their values, as one ``bytes``.
 
     Entry ``i``'s value is the concatenation of row ``i`` of every column in ``values``.
-    Byte-identical to adding the same pairs to a :class:`TableBuilder` and finishing it.
+    ``ordered=False`` writes the keys as given, repeats and disorder included: tables no
+    reader accepts, which only tests of damaged files want.
 
     Raises:
-        InvalidArgumentError: the keys are not strictly increasing.
+        InvalidArgumentError: the keys are not strictly increasing (with ``ordered``).
     """
     out = bytearray()
     index = _BlockBuilder(1)
     if keys:
-        data, ends, handles = _data_blocks(keys, values, block_size)
+        data, ends, handles = _data_blocks(keys, values, block_size, ordered)
         out += data
         for k, handle in enumerate(handles):
             last = keys[ends[k] - 1]
@@ -263,7 +365,7 @@ def _append_block(out: bytearray, block: bytes) -> BlockHandle:
 
 
 def _data_blocks(
-    keys: Sequence[bytes], values: Sequence[Column], block_size: int
+    keys: Sequence[bytes], values: Sequence[Column], block_size: int, ordered: bool
 ) -> tuple[bytes, list[int], list[BlockHandle]]:
     """Every data block with its trailer, laid end to end; each block's end entry; handles."""
     n = len(keys)
@@ -272,7 +374,7 @@ def _data_blocks(
     np.cumsum(np.fromiter(map(len, keys), _I64, n), out=kstart[1:])
     klen = np.diff(kstart)
     vlen = sum((column.lengths for column in values), np.zeros(n, _I64))
-    shared = _shared_with_previous(keys, kbuf, kstart)
+    shared = _shared_with_previous(keys, kbuf, kstart, ordered)
     vsize = varint_sizes(vlen)
     restart_size = 1 + varint_sizes(klen) + vsize + klen + vlen
     size = varint_sizes(shared) + varint_sizes(klen - shared) + vsize + (klen - shared) + vlen

@@ -44,7 +44,7 @@ from trackpoint.bundle.slice_spec import (
     parse_slice_spec,
 )
 from trackpoint.bundle.strings import decode_strings
-from trackpoint.bundle.table import TableBuilder
+from trackpoint.bundle.table_batch import table_of_pairs
 from trackpoint.errors import CheckpointError, DataLossError
 from trackpoint.saving.change_tracking import Token, content_digests, run_shared
 from trackpoint.saving.sharding import ShardableTensor
@@ -218,11 +218,8 @@ def _index_bytes(files: Sequence[LinkedFile], full: dict[str, BundleEntryProto])
         for box in boxes:
             whole.slices.add().CopyFrom(box.to_proto())
         entries[key.encode("utf-8", "surrogateescape")] = whole.SerializeToString()
-    builder = TableBuilder()
-    builder.add(b"", make_header(len(files)).SerializeToString())
-    for raw_key in sorted(entries):
-        builder.add(raw_key, entries[raw_key])
-    return builder.finish()
+    rows = [(raw_key, entries[raw_key]) for raw_key in sorted(entries)]
+    return table_of_pairs([(b"", make_header(len(files)).SerializeToString()), *rows])
 
 
 def link_bundle(
