@@ -451,10 +451,10 @@ def test_verifying_linked_files_checks_strings_and_large_pieces_in_runs(
 ) -> None:
     """Strings are verified as TensorFlow checksums them; a piece larger than a run is
     checksummed in runs whose CRCs are combined (a bit flipped in any run is found)."""
-    from trackpoint.saving import incremental, reuse
+    from trackpoint.saving import incremental, linking
 
-    monkeypatch.setattr(reuse, "_RUN_BYTES", 256 << 10)  # 1 MiB values: 4 runs each
-    monkeypatch.setattr(reuse, "_PARALLEL_BYTES", 0)  # the runs on several threads
+    monkeypatch.setattr(linking, "_RUN_BYTES", 256 << 10)  # 1 MiB values: 4 runs each
+    monkeypatch.setattr(linking, "_PARALLEL_BYTES", 0)  # the runs on several threads
     base = _model(2)
     words = np.array([b"alpha", b"beta", b"", b"gamma" * 100], dtype=object)
     ckpt = tp.Checkpoint(base=base, words=tp.Variable(words), adapter=np.zeros(4))
@@ -499,7 +499,7 @@ def test_verifying_linked_files_checks_strings_and_large_pieces_in_runs(
 
 def test_crc32c_combine_equals_the_crc_of_the_concatenation() -> None:
     from trackpoint.bundle.crc import crc32c
-    from trackpoint.saving.reuse import crc32c_combine
+    from trackpoint.saving.linking import crc32c_combine
 
     rng = np.random.default_rng(3)
     for size_a, size_b in [(0, 5), (7, 0), (100, 1000), (3, 1 << 20), (1 << 16, 12345)]:
@@ -513,21 +513,21 @@ def test_linked_values_are_verified_by_their_digest_when_they_have_one(
     """A value stored whole in one piece is checked by the XXH3 digest of the file's bytes,
     which must equal the digest of the value in memory (no crc32c fallback in the good case);
     a byte changed in the file is found by it."""
-    from trackpoint.saving import reuse
+    from trackpoint.saving import linking
 
     base = _model(2)
     ckpt = tp.Checkpoint(base=base)
     ckpt.write(str(tmp_path / "a"), INC)
     got: list[bytes] = []
-    real = reuse.content_digests
+    real = linking.content_digests
 
     def spy(arrays):
         got.extend(real(arrays))
         return got[-len(arrays) :] if arrays else []
 
-    monkeypatch.setattr(reuse, "content_digests", spy)
+    monkeypatch.setattr(linking, "content_digests", spy)
     crcs: list[int] = []
-    monkeypatch.setattr(reuse, "crc32c", lambda data: crcs.append(len(data)) or 0)
+    monkeypatch.setattr(linking, "crc32c", lambda data: crcs.append(len(data)) or 0)
     ckpt.write(str(tmp_path / "b"), INC)
     assert {content_digest(v) for v in base.values()} <= set(got)
     assert all(n < MIB for n in crcs), crcs  # the 1 MiB values were never crc-checked

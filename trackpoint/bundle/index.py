@@ -2,7 +2,7 @@
 
 :class:`BundleIndex` is the one parser of a ``.index`` file: it reads it once, verifying every
 block checksum and the header's version rules, and keeps each entry's serialized value. The
-bundle reader, the merge, incremental saves (:mod:`trackpoint.saving.reuse`) and the
+bundle reader, the merge, incremental saves (:mod:`trackpoint.saving.linking`) and the
 distributed read plan all take it. An entry is decoded into a
 :class:`~trackpoint.bundle.layout.Layout` the first time it is needed and cached: the bundle
 reader's verbs start from these layouts, and every reader opened on the same parsed index

@@ -15,7 +15,7 @@ its error, so all ranks fail together and quickly:
    docs/incremental.md) first runs the single-process engine (``trackpoint.saving.incremental``)
    on the values this rank writes: unchanged values whose data files this rank wrote last time
    are not written again, and those files become one more shard of this rank, a bundle of hard
-   links (``trackpoint.saving.reuse``). In step 1 each rank claims the values it wrote last time
+   links (``trackpoint.saving.linking``). In step 1 each rank claims the values it wrote last time
    and the coordinator gives them back to it, so a rank keeps reusing its own files.
 3. *write*: each rank writes its shards (a thread pool, as a single-process save does), links
    the files it reuses, and reports success or its error to the coordinator, with the content

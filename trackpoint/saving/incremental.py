@@ -13,7 +13,7 @@ stored bytes). A save then runs, on the caller's thread (before an async save co
    good (read at each save and checked by the values' digests or the entries' crc32c: a file
    damaged in place, even with its size and mtime kept, is never linked; its values are
    written from memory and a warning names it); it becomes a linked bundle
-   (:mod:`trackpoint.saving.reuse`) with the same offsets and checksums.
+   (:mod:`trackpoint.saving.linking`) with the same offsets and checksums.
 3. What is left is written, grouped so that later saves can reuse whole files: each value of
    1 MiB or more in files of its own (up to 1,024 of them), the small ones in one group of
    values that were unchanged but had to be rewritten and one group of the others. The
@@ -46,8 +46,7 @@ from trackpoint.saving.change_tracking import (
     same_token,
     value_tokens,
 )
-from trackpoint.saving.options import CheckpointOptions
-from trackpoint.saving.reuse import (
+from trackpoint.saving.linking import (
     Expected,
     LinkedFile,
     Piece,
@@ -58,6 +57,7 @@ from trackpoint.saving.reuse import (
     value_box,
     verify_files,
 )
+from trackpoint.saving.options import CheckpointOptions
 from trackpoint.saving.shard_validation import policy_description, validate_shards
 from trackpoint.saving.sharding import (
     MaxShardSizePolicy,

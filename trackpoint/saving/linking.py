@@ -1,4 +1,4 @@
-"""Reusing data files of an earlier checkpoint: its parsed index as pieces, and linked bundles.
+"""Linking data files of an earlier checkpoint: its parsed index as pieces, and linked bundles.
 
 An incremental save (:mod:`trackpoint.saving.incremental`) keeps a data file of the previous
 checkpoint when every tensor stored in it is a value that is unchanged now. The file is not
@@ -89,7 +89,7 @@ class Piece:
 
 @dataclass(slots=True)
 class LinkedFile:
-    """A data file of the previous checkpoint that the new one reuses, and what it holds."""
+    """A data file of the previous checkpoint that the new one links, and what it holds."""
 
     source: str
     """The previous checkpoint's data file."""
@@ -228,7 +228,7 @@ def link_bundle(
     """Make ``files`` the data files of one bundle at ``prefix``; return the bytes linked.
 
     Each data file is ``storage.link``-ed (no bytes copied on local disks); then the one index
-    is written, like a shard's: one index per save however many files are reused (the linked
+    is written, like a shard's: one index per save however many files are linked (the linked
     bytes are durable already: their checkpoint was committed).
 
     Raises:
