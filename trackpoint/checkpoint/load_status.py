@@ -22,18 +22,20 @@ Checkpoint's numbering, not the program's state.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import TYPE_CHECKING, Protocol
 
 from trackpoint._gc import collector_paused
 from trackpoint.graph.keys import SAVE_COUNTER
+from trackpoint.graph.structure import StructureSnapshot
 from trackpoint.graph.walk import ObjectGraphView, list_objects, readable_path
 from trackpoint.tracking.base import Trackable, has_values
+from trackpoint.tracking.slots import SlotOwner
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from trackpoint.checkpoint.restore import RestoreCoordinator
-    from trackpoint.graph.structure import StructureSnapshot
     from trackpoint.saving import CheckpointOptions
 
 __all__ = [
@@ -132,12 +134,19 @@ class CheckpointLoadStatus(LoadStatus):
         coordinator = self._coordinator
         met = coordinator.unbound_objects  # reported while they live, as every object met
         bound: set[int] | None = None
-        # The read bound every object of the structure it recorded: while that structure is
-        # unchanged, only objects met apart from it can be unbound.
-        if self._snapshot is None or self._snapshot.unchanged() is None:
+        # The read bound every object of the structure it recorded (or, without a record, of
+        # the structure its bindings form): while that structure is unchanged, only objects
+        # met apart from it can be unbound, and the slots of its optimizers (optimizer state,
+        # created by the program at any time, is no structure).
+        snapshot = self._snapshot if self._snapshot is not None else self._bound_structure()
+        recorded = snapshot.unchanged() if snapshot is not None else None
+        if recorded is None:
             objects = list_objects(
                 self._view, skip_slot_variables=self._options.skip_slot_variables
             )
+        else:  # (a read's record may list its slot variables; the bindings' structure never)
+            objects = self._slots_of(recorded, with_slots=snapshot is self._snapshot)
+        if objects:
             bound = set(map(id, coordinator.object_by_proto_id.values()))
             for obj in [obj for obj in objects if id(obj) not in bound]:
                 met.add(obj)
@@ -157,6 +166,67 @@ class CheckpointLoadStatus(LoadStatus):
             if id(obj) not in exempt and has_values(obj) and obj._serialize_to_tensors():
                 unbound.append(obj)
         return unbound
+
+    def _bound_structure(self) -> StructureSnapshot | None:
+        """The structure the read's bindings form: from the root, each bound object with the
+        bound objects of its node's children by local name (checkpoint order). Unchanged
+        means the program's objects are exactly these, all bound. None: an object is bound to
+        two nodes, or the root is not bound (the walk answers then)."""
+        coordinator = self._coordinator
+        refs = coordinator.object_by_proto_id.refs
+        root_ref = refs.get(0)
+        root = root_ref() if root_ref is not None else None
+        if root is None:
+            return None
+        nodes = coordinator.proto.nodes
+        # Breadth first over bound children, as the read went: only objects reachable now.
+        node_of: dict[int, int] = {0: 0}  # node id -> index in objects
+        objects: list[Trackable] = [root]
+        node_ids = [0]
+        children: list[dict[str, Trackable]] = []
+        for node_id in node_ids:  # grows while iterated
+            found: dict[str, Trackable] = {}
+            for edge in nodes[node_id].children:
+                child_id = edge.node_id
+                index = node_of.get(child_id)
+                if index is None:
+                    ref = refs.get(child_id)
+                    child = ref() if ref is not None else None
+                    if child is None:
+                        continue  # not bound (deferred), or its object is gone
+                    index = node_of[child_id] = len(objects)
+                    objects.append(child)
+                    node_ids.append(child_id)
+                found[edge.local_name] = objects[index]
+            children.append(found)
+        if len(set(map(id, objects))) != len(objects):
+            return None  # one object at two nodes: the program's graph has it once
+        return StructureSnapshot.capture(self._view, objects, children)
+
+    def _slot_nodes_objects(self) -> set[int]:
+        """ids of the objects bound to the checkpoint's slot variable nodes."""
+        get = self._coordinator.object_by_proto_id.get
+        found = map(get, self._coordinator.slot_node_ids)
+        return {id(obj) for obj in found if obj is not None}
+
+    def _slots_of(self, recorded: list[Trackable], *, with_slots: bool) -> list[Trackable]:
+        """The slot variables a walk of the recorded structure would list: each optimizer's
+        slot of each object that is not itself a slot, per slot name (``graph.walk``).
+        ``with_slots``: ``recorded`` may hold slot variables (left out as variables)."""
+        owners = [obj for obj in recorded if isinstance(obj, SlotOwner)]
+        if not owners or self._options.skip_slot_variables:
+            return []
+        variables = recorded
+        if with_slots:
+            slot_objects = self._slot_nodes_objects()
+            variables = [obj for obj in recorded if id(obj) not in slot_objects]
+        slots: list[Trackable] = []
+        for owner in owners:
+            get_slot = owner.get_slot
+            for slot_name in owner.get_slot_names():
+                found = map(get_slot, variables, repeat(slot_name))
+                slots.extend(slot for slot in found if slot is not None)
+        return slots
 
     def _describe(self, objects: list[Trackable]) -> list[str]:
         _, paths = self._view.breadth_first_traversal()

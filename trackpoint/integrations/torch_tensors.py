@@ -1,28 +1,43 @@
-"""Torch tensors as checkpoint values: dtypes, zero-copy host views, in-place restore.
+"""Torch tensors as checkpoint values: zero-copy host views, the tensor adapter, JSON state.
 
-Every torch dtype with a bundle dtype round-trips (tf-checkpoint-format.md §5.2): the numeric
-types numpy knows directly, and bfloat16/float8 through ``ml_dtypes`` by viewing the tensor as
-an integer type of the same width (``.view(torch.int16)`` → numpy → ``.view(ml_dtypes...)``),
-which copies nothing on CPU. Tensors numpy cannot describe (quantized, sparse, nested, meta,
-complex32, packed sub-byte types) are refused with a message naming the tensor and its dtype.
-
-Restoring copies into the tensor's own storage under ``torch.no_grad()`` (``tensor.copy_``),
-so the object, its device, ``requires_grad`` and every reference an optimizer holds stay the
-same (semantics B3), and the saved value is checked against the live shape and dtype first (B8).
+A CPU tensor is saved as a zero-copy numpy view of its memory (bfloat16/float8 through an
+integer view, ``torch_dtypes``); a device tensor as a host copy taken when the saver evaluates
+it. :class:`TensorVariable` restores in place (``torch_copy``: checked, then copied, many
+tensors at a time). Small tensors inside JSON state (a learning rate) are tagged dicts.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Mapping
-from typing import Any
+import functools
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, cast
 
-import ml_dtypes
 import numpy as np
 import torch
-from torch.nn.parameter import is_lazy
 
 from trackpoint.errors import FailedPreconditionError, InvalidArgumentError
+from trackpoint.integrations.torch_copy import (
+    _PLAIN_TENSORS,
+    _SAVED,
+    _TENSOR,
+    _checked_copy,
+    _usual_copies,
+    _usual_copy,
+    check_restorable,
+    copy_into,
+    copy_many,
+    prepare_copy,
+    tensor_from_numpy,
+)
+from trackpoint.integrations.torch_dtypes import (
+    _DIRECT,
+    _VIEWED,
+    _check_storable,
+    is_uninitialized,
+    numpy_dtype_for,
+    torch_dtype_for,
+)
 from trackpoint.saving.devices import DeviceValue
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable
 from trackpoint.tracking.state_json import array_from_json, array_to_json
@@ -32,6 +47,7 @@ __all__ = [
     "TensorVariable",
     "check_restorable",
     "copy_into",
+    "copy_many",
     "host_copy",
     "is_uninitialized",
     "numpy_dtype_for",
@@ -42,107 +58,6 @@ __all__ = [
     "to_numpy",
     "torch_dtype_for",
 ]
-
-# torch dtype -> numpy dtype, for dtypes torch converts to numpy itself.
-_DIRECT: dict[torch.dtype, np.dtype[Any]] = {
-    torch.bool: np.dtype(np.bool_),
-    torch.int8: np.dtype(np.int8),
-    torch.int16: np.dtype(np.int16),
-    torch.int32: np.dtype(np.int32),
-    torch.int64: np.dtype(np.int64),
-    torch.uint8: np.dtype(np.uint8),
-    torch.float16: np.dtype(np.float16),
-    torch.float32: np.dtype(np.float32),
-    torch.float64: np.dtype(np.float64),
-    torch.complex64: np.dtype(np.complex64),
-    torch.complex128: np.dtype(np.complex128),
-}
-for _name in ("uint16", "uint32", "uint64"):  # torch >= 2.3 converts these to numpy
-    if hasattr(torch, _name):
-        _DIRECT[getattr(torch, _name)] = np.dtype(_name)
-
-# torch dtype -> (integer torch dtype of the same width, ml_dtypes numpy dtype).
-_VIEWED: dict[torch.dtype, tuple[torch.dtype, np.dtype[Any]]] = {
-    torch.bfloat16: (torch.int16, np.dtype(ml_dtypes.bfloat16)),
-}
-for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
-    if hasattr(torch, _name) and hasattr(ml_dtypes, _name):
-        _VIEWED[getattr(torch, _name)] = (torch.uint8, np.dtype(getattr(ml_dtypes, _name)))
-
-_TORCH_BY_NUMPY: dict[np.dtype[Any], torch.dtype] = {
-    **{numpy: torch_ for torch_, numpy in _DIRECT.items()},
-    **{numpy: torch_ for torch_, (_, numpy) in _VIEWED.items()},
-}
-
-_SUPPORTED = (
-    "bool, int8/16/32/64, uint8/16/32/64, float16/32/64, bfloat16, complex64/128 and "
-    "float8_e4m3fn/e5m2(/fnuz)"
-)
-
-
-def numpy_dtype_for(dtype: torch.dtype, *, what: str = "tensor") -> np.dtype[Any]:
-    """The numpy dtype a tensor of ``dtype`` is stored as.
-
-    Raises:
-        InvalidArgumentError: ``dtype`` has no bundle dtype (complex32, quantized, packed
-            sub-byte types, float8_e8m0fnu...).
-    """
-    found = _DIRECT.get(dtype)
-    if found is not None:
-        return found
-    viewed = _VIEWED.get(dtype)
-    if viewed is not None:
-        return viewed[1]
-    raise InvalidArgumentError(
-        f"{what} has dtype {dtype}, which TensorFlow checkpoints cannot store; supported torch "
-        f"dtypes are {_SUPPORTED}. Convert it (e.g. tensor.to(torch.float32)) or keep it out "
-        "of the checkpoint"
-    )
-
-
-def torch_dtype_for(dtype: np.dtype[Any], *, what: str = "value") -> torch.dtype:
-    """The torch dtype of a stored numpy dtype (inverse of :func:`numpy_dtype_for`).
-
-    Raises:
-        InvalidArgumentError: torch has no such dtype (e.g. strings, int4).
-    """
-    found = _TORCH_BY_NUMPY.get(np.dtype(dtype).newbyteorder("="))
-    if found is None:
-        raise InvalidArgumentError(
-            f"{what} has numpy dtype {np.dtype(dtype)}, which has no torch equivalent; "
-            f"torch tensors hold {_SUPPORTED}"
-        )
-    return found
-
-
-def is_uninitialized(tensor: torch.Tensor) -> bool:
-    """True for a lazy module's parameter or buffer before its first forward pass."""
-    return is_lazy(tensor)
-
-
-def _check_storable(tensor: torch.Tensor, what: str) -> None:
-    if tensor.layout != torch.strided:
-        raise InvalidArgumentError(
-            f"{what} is a {tensor.layout} tensor (dtype {tensor.dtype}); only dense (strided) "
-            "tensors can be checkpointed: save tensor.to_dense() instead"
-        )
-    if tensor.is_quantized:
-        raise InvalidArgumentError(
-            f"{what} is a quantized tensor (dtype {tensor.dtype}), which TensorFlow checkpoints "
-            "cannot store; save tensor.dequantize() (and the scale/zero point) instead"
-        )
-    if getattr(tensor, "is_nested", False):
-        raise InvalidArgumentError(
-            f"{what} is a nested tensor (dtype {tensor.dtype}); save its components "
-            "(tensor.unbind()) instead"
-        )
-    if tensor.is_meta:
-        raise InvalidArgumentError(
-            f"{what} is on the meta device (dtype {tensor.dtype}) and has no data to save; "
-            "materialize it (module.to_empty(device=...)) first"
-        )
-    numpy_dtype_for(tensor.dtype, what=what)
-
 
 def host_copy(tensor: torch.Tensor, *, pin_memory: bool | None = None) -> torch.Tensor:
     """A CPU copy of ``tensor``, taken through pinned memory when an accelerator is present.
@@ -185,97 +100,6 @@ def to_numpy(tensor: torch.Tensor, *, what: str = "tensor") -> np.ndarray:
     if viewed is not None:
         return value.view(viewed[0]).numpy().view(viewed[1])
     return value.numpy()
-
-
-def tensor_from_numpy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """A CPU tensor of ``dtype`` sharing ``array``'s memory, which may be a read-only view of
-    a checkpoint file: read from it, never write (bfloat16/float8 go through an integer view).
-    """
-    viewed = _VIEWED.get(dtype)
-    if viewed is not None:
-        array = array.view(_DIRECT[viewed[0]])
-    with warnings.catch_warnings():
-        # Read-only views of the checkpoint are only read from, never written.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        source = torch.from_numpy(array)
-    return source.view(dtype) if viewed is not None else source
-
-
-def check_restorable(
-    tensor: torch.Tensor, saved: Any, *, what: str, shape: tuple[int, ...] | None = None
-) -> np.ndarray:
-    """``saved`` as an array, validated against ``tensor``'s dtype and shape.
-
-    Raises:
-        InvalidArgumentError: shape or dtype differ (TF's "incompatible tensor with shape"
-            wording); nothing is written.
-    """
-    array = np.asarray(saved)
-    expected_shape = tuple(tensor.shape) if shape is None else shape
-    if array.shape != expected_shape:
-        raise InvalidArgumentError(
-            f"Received incompatible tensor with shape {array.shape} when attempting to restore "
-            f"{what} with shape {expected_shape}; the checkpoint does not match the program "
-            "(build the model with the saved shapes)"
-        )
-    expected = numpy_dtype_for(tensor.dtype, what=what)
-    if array.dtype.newbyteorder("=") != expected:
-        raise InvalidArgumentError(
-            f"Received tensor of dtype {array.dtype} when attempting to restore {what} of torch "
-            f"dtype {tensor.dtype} ({expected}); trackpoint does not cast on restore (create the "
-            "tensor with the saved dtype, or cast after restoring)"
-        )
-    return array
-
-
-def copy_into(tensor: torch.Tensor, saved: Any, *, what: str = "tensor") -> None:
-    """Copy ``saved`` into ``tensor`` in place (same object, device, ``requires_grad``).
-
-    Runs under ``torch.no_grad()``, so the copy leaves no autograd history; the tensor's
-    version counter moves, so autograd notices if a pending graph had saved the old value.
-
-    Raises:
-        InvalidArgumentError: shape or dtype differ, or the tensor cannot hold checkpoint
-            values; ``tensor`` is unchanged.
-    """
-    prepare_copy(tensor, saved, what=what)()
-
-
-def _check_writable(tensor: torch.Tensor, what: str) -> None:
-    """Refuse, before any object changes, a tensor that ``copy_`` would refuse mid-apply."""
-    if tensor.is_inference() and not torch.is_inference_mode_enabled():
-        raise InvalidArgumentError(
-            f"cannot restore {what} in place: it is an inference tensor (made under "
-            "torch.inference_mode()), which cannot be updated outside inference mode; restore "
-            "into a normal tensor (tensor.clone() outside inference mode)"
-        )
-    if tensor.numel() > 1 and any(
-        stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)
-    ):
-        raise InvalidArgumentError(
-            f"cannot restore {what} in place: several of its elements share one memory "
-            f"location (an expanded view, strides {tuple(tensor.stride())}); restore into "
-            "tensor.clone() instead"
-        )
-
-
-def prepare_copy(tensor: torch.Tensor, saved: Any, *, what: str = "tensor") -> Callable[[], None]:
-    """Check that ``saved`` fits ``tensor``; return the step that copies it in (see copy_into).
-
-    Raises:
-        InvalidArgumentError: shape or dtype differ, or the tensor cannot hold checkpoint
-            values.
-    """
-    _check_storable(tensor, what)
-    array = check_restorable(tensor, saved, what=what)
-    _check_writable(tensor, what)
-
-    def apply() -> None:
-        source = tensor_from_numpy(array, tensor.dtype)
-        with torch.no_grad():
-            tensor.copy_(source)
-
-    return apply
 
 
 _TENSOR_TAG = "__torch_tensor__"
@@ -323,6 +147,16 @@ TENSOR_JSON_HOOKS = {_TENSOR_TAG: tensor_from_json}
 """``state_json.loads`` hooks that turn :func:`tensor_to_json` tags back into tensors."""
 
 
+def _plain_on_host(tensor: torch.Tensor) -> bool:
+    """Whether :func:`to_numpy` of ``tensor`` is ``tensor.detach().numpy()``: a dense CPU
+    tensor of a numpy dtype, nothing to refuse or resolve (the common tensor, answered fast)."""
+    return (
+        type(tensor) in _PLAIN_TENSORS and tensor.is_cpu and tensor.dtype in _DIRECT
+        and tensor.layout == torch.strided and not tensor.is_nested
+        and not tensor.is_conj() and not tensor.is_neg()
+    )
+
+
 class TensorVariable(Trackable):
     """Adapter: a ``torch.Tensor`` (``Parameter``, buffer, optimizer state) as a variable.
 
@@ -331,9 +165,14 @@ class TensorVariable(Trackable):
     restored value until the module materializes it (see ``torch_modules``).
     """
 
+    # Its one value, always read whole: a device tensor's DeviceValue names the device the saver
+    # copies from (a restore reads it as any whole value), a lazy tensor's callable is the
+    # save-time error; neither is a layout a restore reads by.
+    _whole_value_names: ClassVar[tuple[str, ...] | None] = (VARIABLE_VALUE_KEY,)
+
     def __init__(self, tensor: torch.Tensor) -> None:
         self._tensor = tensor
-        self._name: str | None = None
+        self._name: str | Callable[[], str] | None = None
         self._pending: np.ndarray | None = None
         self._on_pending: Callable[[], None] | None = None
 
@@ -345,15 +184,23 @@ class TensorVariable(Trackable):
     @property
     def name(self) -> str:
         """Where the tensor lives, e.g. ``"parameter '0.weight'"`` (used in messages)."""
-        return self._name or f"tensor of shape {list(self._tensor.shape)}"
+        name = self._name
+        if name is not None:
+            return name if isinstance(name, str) else name()
+        if is_uninitialized(self._tensor):  # has no shape to tell yet
+            return "uninitialized lazy tensor"
+        return f"tensor of shape {list(self._tensor.shape)}"
 
-    def set_name(self, name: str) -> None:
-        """Name the tensor for messages, unless an earlier owner already did (tied weights)."""
+    def set_name(self, name: str | Callable[[], str]) -> None:
+        """Name the tensor for messages, unless an earlier owner already did (tied weights);
+        ``name`` may be a function that names it when a message asks (its owner's name may not
+        be known yet)."""
         if self._name is None:
             self._name = name
 
     def __repr__(self) -> str:
-        return f"<torch {self.name} {self._tensor.dtype} {list(self._tensor.shape)}>"
+        shape = "" if is_uninitialized(self._tensor) else f" {list(self._tensor.shape)}"
+        return f"<torch {self.name} {self._tensor.dtype}{shape}>"
 
     # -- lazy modules --------------------------------------------------------------------------
 
@@ -381,6 +228,8 @@ class TensorVariable(Trackable):
     def _serialize_to_tensors(self) -> dict[str, Any]:
         # docstring inherited
         tensor = self._tensor
+        if _plain_on_host(tensor):
+            return {VARIABLE_VALUE_KEY: tensor.detach().numpy()}
         if is_uninitialized(tensor):
             if self._pending is not None:
                 return {VARIABLE_VALUE_KEY: self._pending}
@@ -402,19 +251,84 @@ class TensorVariable(Trackable):
             "it) before saving"
         )
 
-    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
-        # docstring inherited
+    @classmethod
+    def _serialize_many(cls, trackables: Sequence[Trackable]) -> list[dict[str, Any]]:
+        # docstring inherited: host views of dense CPU tensors in one pass, the rest one by one
+        out: list[dict[str, Any]] = []
+        add = out.append
+        for trackable in cast("Sequence[TensorVariable]", trackables):
+            tensor = trackable._tensor
+            if _plain_on_host(tensor):
+                add({VARIABLE_VALUE_KEY: tensor.detach().numpy()})
+            else:
+                add(trackable._serialize_to_tensors())
+        return out
+
+    def _checked_value(self, restored_tensors: Mapping[str, Any]) -> np.ndarray:
+        """The saved value as an array, checked against the tensor (shape, dtype, writable).
+
+        Raises:
+            InvalidArgumentError: it does not fit; nothing changed.
+        """
         saved = restored_tensors[VARIABLE_VALUE_KEY]
         tensor = self._tensor
+        if _usual_copy(tensor, saved):
+            return saved  # type: ignore[no-any-return]  # an ndarray: _usual_copy checked
         if not is_uninitialized(tensor):
-            return prepare_copy(tensor, saved, what=self.name)
+            return _checked_copy(tensor, saved, self.name)
         array = np.asarray(saved)
         # Shape is checked at materialization; the dtype is known now.
         check_restorable(tensor, array, what=self.name, shape=array.shape)
+        return array
 
-        def keep_pending() -> None:
-            self._pending = np.array(array, copy=True)  # the view dies with the restore
-            if self._on_pending is not None:
-                self._on_pending()
+    def _keep_pending(self, array: np.ndarray) -> None:
+        """Keep ``array`` until the lazy module materializes the tensor."""
+        self._pending = np.array(array, copy=True)  # the view dies with the restore
+        if self._on_pending is not None:
+            self._on_pending()
 
-        return keep_pending
+    def _prepare_restore(self, restored_tensors: Mapping[str, Any]) -> Callable[[], None]:
+        # docstring inherited
+        array = self._checked_value(restored_tensors)
+        if is_uninitialized(self._tensor):
+            return functools.partial(self._keep_pending, array)
+        return functools.partial(copy_many, (self._tensor,), (array,))
+
+    @classmethod
+    def _prepare_restores(
+        cls,
+        trackables: Sequence[Trackable],
+        restored: Sequence[Mapping[str, Any]],
+        on_error: Callable[[int, InvalidArgumentError], BaseException],
+    ) -> Callable[[], None]:
+        # docstring inherited: every value checked as _prepare_restore does, then one step
+        # copies them all (copy_many: one no_grad, the CPU tensors in one foreach copy)
+        variables = cast("Sequence[TensorVariable]", trackables)
+        tensors: list[torch.Tensor] = list(map(_TENSOR, variables))
+        arrays: list[np.ndarray] = list(map(_SAVED, restored))
+        if len(arrays) != len(tensors):
+            raise ValueError(f"{len(tensors)} tensors but {len(arrays)} values to restore")
+        pending: list[tuple[TensorVariable, np.ndarray]] = []
+        usual = _usual_copies(tensors, arrays)
+        if usual is not None and not all(usual):
+            # The rest one by one, checked (and refused) exactly as _prepare_restore does.
+            for index in [i for i, ok in enumerate(usual) if not ok]:
+                trackable = variables[index]
+                try:
+                    arrays[index] = trackable._checked_value(restored[index])
+                except InvalidArgumentError as exc:
+                    raise on_error(index, exc) from exc
+                if is_uninitialized(trackable._tensor):
+                    pending.append((trackable, arrays[index]))
+            if pending:
+                waiting = {id(trackable) for trackable, _ in pending}
+                kept = [id(trackable) not in waiting for trackable in variables]
+                tensors = list(itertools.compress(tensors, kept))
+                arrays = list(itertools.compress(arrays, kept))
+
+        def apply() -> None:
+            copy_many(tensors, arrays)
+            for trackable, array in pending:
+                trackable._keep_pending(array)
+
+        return apply
