@@ -292,10 +292,10 @@ def test_checkpoint_manager_on_every_rank_agrees_and_only_the_coordinator_writes
     spy("_sweep")
     real_remove = management.remove_checkpoint
 
-    def remove(path: str) -> None:
+    def remove(path: str, **kwargs: Any) -> None:
         newest = tp.latest_checkpoint(tmp_path)
         calls.append(("remove", path, Path(f"{newest}.index").exists()))
-        real_remove(path)
+        real_remove(path, **kwargs)
 
     monkeypatch.setattr(management, "remove_checkpoint", remove)
     initialized = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import trackpoint as tp
 import trackpoint.storage.location as location_module
 from trackpoint.errors import NotFoundError
 from trackpoint.management.paths import resolve_location, resolve_prefix
-from trackpoint.storage import CheckpointLocation, MemoryStorage, Storage
+from trackpoint.storage import CheckpointLocation, FsspecStorage, MemoryStorage, Storage
 
 KEY = "w/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -80,5 +81,54 @@ def test_a_manager_picks_its_directory_backend_once(memory_dir: str, picks: list
     try:
         assert manager.latest_checkpoint == f"{memory_dir}/ckpt-2"
         assert picks == [memory_dir]
+    finally:
+        manager.close()
+
+
+@pytest.fixture
+def url_picks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every URL an fsspec backend is built for, from now on, whichever module asks."""
+    seen: list[str] = []
+    real = FsspecStorage.from_url.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[FsspecStorage], /, url: str, **kwargs: Any) -> FsspecStorage:
+        seen.append(url)
+        return real(cls, url, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(FsspecStorage, "from_url", classmethod(counting))
+    return seen
+
+
+def test_checkpoint_save_write_and_restore_on_a_url_pick_the_backend_once(
+    memory_dir: str, url_picks: list[str]
+) -> None:
+    # The lock, the replace check, the saver and the state file: one backend, picked by save.
+    ckpt = tp.Checkpoint(w=np.full(2, 5.0))
+    saved = ckpt.save(f"{memory_dir}/other")
+    assert url_picks == [f"{memory_dir}/other-1"]
+    url_picks.clear()
+    ckpt.write(f"{memory_dir}/plain")
+    assert url_picks == [f"{memory_dir}/plain"]
+    url_picks.clear()
+    # The resolver, the reader, the restore engine and the incremental baseline: one pick.
+    w = np.zeros(2)
+    tp.Checkpoint(w=w).restore(saved).assert_consumed()
+    assert url_picks == [saved]
+    assert w.tolist() == [5.0, 5.0]
+    assert tp.latest_checkpoint(memory_dir) == saved
+
+
+def test_jax_restore_or_initialize_reads_through_the_managers_backend(
+    memory_dir: str, url_picks: list[str]
+) -> None:
+    tpj = pytest.importorskip("trackpoint.integrations.jax")
+    ckpt = tp.Checkpoint(w=np.zeros(1))  # a numpy leaf: float64, as saved
+    manager = tp.CheckpointManager(ckpt, memory_dir, max_to_keep=3)
+    try:
+        url_picks.clear()
+        state, path = tpj.restore_or_initialize(manager)
+        assert path == f"{memory_dir}/ckpt-2"
+        assert url_picks == []  # the manager's own backend, picked when it was created
+        assert np.asarray(state["w"]).tolist() == [1.0]
     finally:
         manager.close()

@@ -40,7 +40,7 @@ from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph.keys import SAVE_COUNTER
 from trackpoint.graph.serialize import serialize_graph
 from trackpoint.graph.walk import ObjectGraphView
-from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.paths import resolve_location
 from trackpoint.management.reader import CheckpointReader
 from trackpoint.management.state_file import (
     checkpoint_directory,
@@ -56,7 +56,7 @@ from trackpoint.saving import (
     get_registered_saver_name,
     registered_savers,
 )
-from trackpoint.storage import storage_for
+from trackpoint.storage import locate
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.autotrackable import AutoTrackable
 from trackpoint.tracking.base import VARIABLE_VALUE_KEY, Trackable, TrackableReference
@@ -318,9 +318,11 @@ class Checkpoint(AutoTrackable):
             CheckpointError: writing failed; nothing was committed.
         """
         prefix_str, options = fspath(prefix, argument="prefix"), CheckpointOptions.resolve(options)
+        # The backend, picked once here: the lock check and the saver below use this one.
+        storage = locate(prefix_str, storage=options.storage, fsync=options.fsync).storage
         if self._guards_directory:
-            refuse_overwriting_live_writer(prefix_str, options.storage)
-        return self._write(prefix_str, options)
+            refuse_overwriting_live_writer(prefix_str, storage)
+        return self._write(prefix_str, dataclasses.replace(options, storage=storage))
 
     def _write(self, prefix: str, options: CheckpointOptions) -> str:
         timing = metrics.begin_write()  # the training loop's wait starts here
@@ -382,7 +384,10 @@ class Checkpoint(AutoTrackable):
         counter = self.save_counter
         number = int(counter.numpy()) + 1
         path = f"{prefix_str}-{number}"
-        storage = options.storage or storage_for(path)
+        # The backend, picked once here: the lock, the state file and the saver all use it, with
+        # options.fsync (off, the state file is not flushed either: a scratch checkpoint).
+        storage = locate(path, storage=options.storage, fsync=options.fsync).storage
+        options = dataclasses.replace(options, storage=storage)
         if self._guards_directory:
             hold_directory(self, storage, checkpoint_directory(path))
             refuse_replacing(path, storage, number - 1)
@@ -453,9 +458,13 @@ class Checkpoint(AutoTrackable):
 
     def _read(self, path: str, options: CheckpointOptions) -> LoadStatus:
         started = time.perf_counter()
-        prefix = resolve_prefix(path, storage=options.storage)
+        location = resolve_location(path, storage=options.storage)
+        prefix = location.prefix
+        # The backend, picked once here: the restore engine, deferred restores and the
+        # incremental baseline read through it (options carries it down).
+        options = dataclasses.replace(options, storage=location.storage)
         reuse: RestoreReplay = self._self_restore_reuse
-        with CheckpointReader(prefix, storage=options.storage) as reader:
+        with CheckpointReader(prefix, storage=location.storage) as reader:
             graph = reuse.load_graph(reader.bundle)
             # Only a progress callback needs the file sizes (a stat per file).
             sizes = reader.bundle.file_sizes() if options.progress is not None else None

@@ -8,6 +8,7 @@ are immutable). This form restores the manager's latest checkpoint into a new py
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from trackpoint.errors import InvalidArgumentError
@@ -58,7 +59,7 @@ def restore_or_initialize(
         target: the pytree to mirror (concrete or abstract leaves, as for ``restore``), or
             None for the Checkpoint's own state.
         partial: as for ``restore``: restore what matches.
-        options: as for ``restore``.
+        options: as for ``restore``; without ``options.storage`` the manager's own storage.
 
     Returns:
         ``(tree, path)``: the restored pytree and the checkpoint prefix it came from, or
@@ -81,6 +82,9 @@ def restore_or_initialize(
     own = target is None
     wanted = _own_state(checkpoint) if own else target
     restored: list[Any] = [wanted]
+    options = CheckpointOptions.resolve(options)
+    if options.storage is None:  # read through the manager's backend, not one picked again
+        options = dataclasses.replace(options, storage=manager.storage)
 
     def read(prefix: str) -> None:
         restored[0] = restore(prefix, wanted, partial=partial, options=options)

@@ -21,7 +21,7 @@ from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph.aliases import ValuePath, resolve_object_path, value_paths
 from trackpoint.graph.keys import SAVE_COUNTER, VARIABLE_VALUE_KEY, split_checkpoint_key
 from trackpoint.integrations.torch_tensors import tensor_from_numpy, torch_dtype_for
-from trackpoint.management.paths import resolve_prefix
+from trackpoint.management.paths import resolve_location
 from trackpoint.management.reader import CheckpointReader
 
 if TYPE_CHECKING:
@@ -93,7 +93,8 @@ def load_state_dict(
     target = torch.device(device)
     state: dict[str, torch.Tensor] = {}
     owners: dict[str, str] = {}
-    with CheckpointReader(resolve_prefix(path)) as reader:
+    location = resolve_location(path)
+    with CheckpointReader(location.prefix, storage=location.storage) as reader:
         bundle = reader.bundle
         tensors: dict[str, torch.Tensor] = {}
         for value in _value_paths(reader, root):

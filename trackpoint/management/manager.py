@@ -289,6 +289,11 @@ class CheckpointManager:
         return self._directory
 
     @property
+    def storage(self) -> Storage:
+        """The backend of ``directory``, picked once when the manager was created."""
+        return self._storage
+
+    @property
     def checkpoint(self) -> _Checkpointable:
         return self._checkpoint
 
@@ -521,14 +526,13 @@ class CheckpointManager:
             self._init_fn()
         return None
 
-    @staticmethod
-    def _saved_counter(prefix: str) -> int | None:
+    def _saved_counter(self, prefix: str) -> int | None:
         """The ``save_counter`` checkpoint ``prefix`` holds, or None (a ``write()``).
 
         Raises:
             DataLossError: the value is damaged, or not a non-negative integer scalar.
         """
-        with CheckpointReader(prefix) as reader:
+        with CheckpointReader(prefix, storage=self._storage) as reader:
             if not reader.has_tensor(_SAVE_COUNTER_KEY):
                 return None
             value = reader.get_tensor(_SAVE_COUNTER_KEY)

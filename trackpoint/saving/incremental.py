@@ -66,7 +66,7 @@ from trackpoint.saving.sharding import (
     ShardByTaskPolicy,
 )
 from trackpoint.saving.snapshot import SaveSnapshot
-from trackpoint.storage import FsspecStorage, LocalStorage, Storage, storage_for
+from trackpoint.storage import FsspecStorage, LocalStorage, Storage, locate
 from trackpoint.storage.base import DelegatingStorage
 
 __all__ = [
@@ -167,7 +167,7 @@ class SaveHistory:
     def restored(self, prefix: str, storage: Storage | None) -> None:
         """``prefix`` was just restored: the next save compares values with its bytes."""
         with self._lock:
-            self._baseline = _Baseline(prefix, storage or storage_for(prefix), None)
+            self._baseline = _Baseline(prefix, locate(prefix, storage=storage).storage, None)
 
     def forget(self) -> None:
         """Drop the baseline: the next incremental save writes every value."""
@@ -317,7 +317,7 @@ def prepare_incremental(
         return snapshot
     if snapshot.shards is not None:
         return snapshot  # a staged snapshot was planned before it was staged
-    storage = storage or options.storage or storage_for(prefix, fsync=options.fsync)
+    storage = locate(prefix, storage=storage or options.storage, fsync=options.fsync).storage
     trust = options.trust_immutable_arrays
     return _Planner(history, storage, versions, tokens, detached, trust=trust).plan(snapshot)
 

@@ -62,6 +62,8 @@ class CheckpointOptions:
         num_io_threads: threads that write shards concurrently (default: up to 4).
         fsync: flush files and directories to stable storage before the commit. Turn off only
             for scratch checkpoints: a machine crash can then lose a "committed" checkpoint.
+            Off, ``Checkpoint.save`` does not flush the state file either (it names the
+            checkpoint; a ``CheckpointManager`` flushes its own state file regardless).
         max_staging_bytes: bound on the extra host memory an async save may hold for its
             snapshot (default: none, a full copy of the state). A larger state is copied
             through a reusable staging buffer of this size while the writer thread writes it,
@@ -71,7 +73,8 @@ class CheckpointOptions:
             values are copied outside the bound (their payloads are immutable objects).
         progress: callable receiving ``trackpoint.saving.ProgressEvent``s during long work.
         storage: the byte backend to read and write through (e.g. an ``FsspecStorage`` over a
-            configured filesystem); by default chosen from the prefix (``storage_for``).
+            configured filesystem); by default chosen from the prefix (``storage.locate``),
+            once per ``save``/``write``/``read``.
         name_map: for restoring a name-based (TF1 ``Saver``) checkpoint: the TF1 key of a
             value, given its object-based checkpoint key (``model/w/.ATTRIBUTES/VARIABLE_VALUE``),
             as a mapping or a function returning None for "no TF1 key"; consulted before

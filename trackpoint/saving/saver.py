@@ -50,7 +50,7 @@ from trackpoint.saving.sharding import (
     ShardByTaskPolicy,
 )
 from trackpoint.saving.snapshot import SaveSnapshot, as_array
-from trackpoint.storage import Storage, storage_for
+from trackpoint.storage import Storage, locate
 from trackpoint.tracking.base import Trackable
 
 __all__ = ["MultiDeviceSaver", "ProgressEvent", "SerializedTensors"]
@@ -241,7 +241,9 @@ class MultiDeviceSaver:
         timing = timing or metrics.begin_write()
         options = options or CheckpointOptions()
         prefix_str = fspath(prefix)
-        storage = storage or options.storage or storage_for(prefix_str, fsync=options.fsync)
+        # Checkpoint.save/write pass the backend they picked; a direct caller gets one here.
+        given = storage or options.storage
+        storage = locate(prefix_str, storage=given, fsync=options.fsync).storage
         # Incremental saves (docs/incremental.md): only what changed is left to write.
         snapshot = prepare_incremental(self.history, snapshot, prefix_str, options, storage)
         commit = AtomicCommit(storage, prefix_str)
@@ -390,7 +392,8 @@ class MultiDeviceSaver:
                 registered saver's strict predicate rejects an object.
         """
         prefix_str = fspath(prefix)
-        storage = storage or (options and options.storage) or storage_for(prefix_str)
+        given = storage or (options.storage if options is not None else None)
+        storage = locate(prefix_str, storage=given).storage
         # One item per trackable: {local name: key}, and the slice specs each value is read as.
         groups: dict[int, tuple[Trackable, dict[str, str], dict[str, dict[str, None]]]] = {}
         for task_values in self._values_by_task.values():
