@@ -23,6 +23,14 @@ and loading never unpickles.
 
 Works with ``AsyncCheckpointIO(TrackpointCheckpointIO())`` (Lightning clones the tensors, the
 write runs on its thread) and with ``Fabric(plugins=[...])`` (``fabric.save``/``fabric.load``).
+Better, background saves of its own: ``TrackpointCheckpointIO(tp.CheckpointOptions(
+enable_async=True, lazy_snapshot=True))`` returns before copying the parameters and the
+optimizer state; each optimizer's next ``step()`` first finishes the copies of what it changes
+(:mod:`trackpoint.integrations.torch_lazy`). Lightning hands the plugin a dict, never the
+optimizers, so the plugin learns them from their steps (a global step pre-hook): a save before
+any optimizer has stepped copies everything at the call. Writes to different paths run side by
+side; a save, removal or load of a path waits for that path's write, ``teardown()`` (the end of
+``fit``) for all of them, and a failed write is raised by the next call that finds it done.
 ``LightningModule.load_from_checkpoint`` reads files with ``torch.load`` itself, bypassing the
 plugin: use :func:`load_from_checkpoint` (``tp.lightning.load_from_checkpoint(Model, path)``)
 or mix :class:`TrackpointLoadingMixin` into the module class (:mod:`.lightning_load`).
@@ -32,6 +40,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from trackpoint._types import PathLike, fspath
@@ -41,8 +52,16 @@ from trackpoint.integrations.lightning_read import read_checkpoint_dict
 from trackpoint.integrations.lightning_state import (
     CHECKPOINT_DICT_NAME,
     MapLocation,
+    start_checkpoint_dict,
     write_checkpoint_dict,
 )
+from trackpoint.integrations.torch_lazy import (
+    lazy_optimizers,
+    record_stepping_optimizers,
+    stepped_optimizers,
+)
+from trackpoint.management import CheckpointManager
+from trackpoint.management.continuous import write_running
 from trackpoint.saving import CheckpointOptions
 
 try:  # the unified package (`pip install lightning`)
@@ -74,12 +93,8 @@ def _check_options(options: Any, where: str) -> CheckpointOptions | None:
         raise InvalidArgumentError(
             f"{where} must be a tp.CheckpointOptions or None, got {type(options).__name__}"
         )
-    if options.enable_async:
-        raise InvalidArgumentError(
-            f"{where} has enable_async=True, but Lightning expects save_checkpoint to return "
-            "with the checkpoint written; for background saves wrap the plugin: "
-            "AsyncCheckpointIO(TrackpointCheckpointIO())"
-        )
+    if options.lazy_snapshot:
+        record_stepping_optimizers()  # learn the optimizers before the first save
     return options
 
 
@@ -93,16 +108,19 @@ class TrackpointCheckpointIO(CheckpointIO):
 
     Args:
         options: ``tp.CheckpointOptions`` for every save (sharding, I/O threads, progress,
-            storage); ``enable_async`` is refused, see above. ``trainer.save_checkpoint(path,
-            storage_options=tp.CheckpointOptions(...))`` overrides them for one save.
+            storage, ``enable_async`` and ``lazy_snapshot``: see the module docstring).
+            ``trainer.save_checkpoint(path, storage_options=tp.CheckpointOptions(...))``
+            overrides them for one save.
 
     Raises:
-        InvalidArgumentError: ``options`` is not a ``CheckpointOptions`` or asks for async.
+        InvalidArgumentError: ``options`` is not a ``CheckpointOptions``.
     """
 
     def __init__(self, options: CheckpointOptions | None = None) -> None:
         super().__init__()
         self._options = _check_options(options, "TrackpointCheckpointIO(options=...)")
+        self._lock = threading.Lock()
+        self._writing: dict[str, CheckpointManager] = {}  # path -> its async write's manager
 
     def __repr__(self) -> str:
         return f"TrackpointCheckpointIO(options={self._options!r})"
@@ -114,15 +132,18 @@ class TrackpointCheckpointIO(CheckpointIO):
 
         Atomic: an existing checkpoint at ``path`` stays readable until the new one is
         committed. A symlink or a file at ``path`` is replaced (the checkpoint a link names
-        is left alone), as Lightning's torch plugin replaces them. Blocks until written.
+        is left alone), as Lightning's torch plugin replaces them. Blocks until written, unless
+        the options ask for async (then a write to ``path`` still running is waited for first).
 
         Raises:
             InvalidArgumentError: a value cannot be stored without pickle (names its key and
                 the fix), or ``storage_options`` is not a ``tp.CheckpointOptions``.
-            CheckpointError: writing failed; nothing was committed.
+            CheckpointError: writing failed (this one, or an earlier async write found done
+                or waited for here); nothing was committed.
         """
         options = _check_options(storage_options, "storage_options") or self._options
         target = fspath(path)
+        self._finish(lambda written: written == target)
         if os.path.islink(target) or os.path.isfile(target):
             # Lightning saves over whatever is at ``path`` (its torch plugin moves a new file
             # over it): a link from save_last="link", never the checkpoint it names, or a
@@ -130,8 +151,45 @@ class TrackpointCheckpointIO(CheckpointIO):
             logger.warning("replacing %s %s with a trackpoint checkpoint",
                            "the link" if os.path.islink(target) else "the file", target)
             os.unlink(target)
-        prefix = write_checkpoint_dict(checkpoint, target, options=options)
-        logger.debug("saved Lightning checkpoint %s", prefix)
+        if options is None or not options.enable_async:
+            prefix = write_checkpoint_dict(checkpoint, target, options=options)
+            logger.debug("saved Lightning checkpoint %s", prefix)
+            return
+        lazy = lazy_optimizers(stepped_optimizers()) if options.lazy_snapshot else nullcontext()
+        with lazy:
+            prefix, manager = start_checkpoint_dict(checkpoint, target, options=options)
+        with self._lock:
+            self._writing[target] = manager
+        logger.debug("saving Lightning checkpoint %s in the background", prefix)
+
+    def _finish(self, which: Callable[[str], bool]) -> None:
+        """Close the async writes of the paths ``which`` accepts (waiting), and any done.
+
+        The first failure is raised once all of them are closed.
+        """
+        with self._lock:
+            chosen = [
+                (path, manager) for path, manager in self._writing.items()
+                if which(path) or not write_running(manager.checkpoint)
+            ]  # fmt: skip
+            for path, _ in chosen:
+                del self._writing[path]
+        error: BaseException | None = None
+        for _, manager in chosen:
+            try:
+                manager.close()  # waits for the write; raises its error
+            except BaseException as exc:  # every manager must be closed
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def teardown(self) -> None:
+        """Wait for every async write; Lightning calls it at the end of ``fit``.
+
+        Raises:
+            CheckpointError: an async write failed (the first failure).
+        """
+        self._finish(lambda path: True)
 
     def load_checkpoint(
         self, path: PathLike, map_location: MapLocation = None, weights_only: bool | None = None
@@ -147,14 +205,17 @@ class TrackpointCheckpointIO(CheckpointIO):
                 checkpoint written by trackpoint (the message says how to convert it).
             DataLossError: the files are damaged.
         """
+        self._finish(lambda path: True)
         return read_checkpoint_dict(fspath(path), map_location=map_location)
 
     def remove_checkpoint(self, path: PathLike) -> None:
         """Delete the checkpoint at ``path``; a symlink (``save_last="link"``) only is unlinked.
 
-        A path that does not exist is ignored, as Lightning's own plugin does.
+        A path that does not exist is ignored, as Lightning's own plugin does. An async write
+        to ``path`` still running is waited for first.
         """
         target = fspath(path)
+        self._finish(lambda written: written == target)
         if os.path.islink(target):
             os.unlink(target)  # never follow it: the directory it names is another checkpoint
             logger.debug("removed link %s", target)

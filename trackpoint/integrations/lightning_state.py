@@ -52,6 +52,7 @@ __all__ = [
     "VALUE_TAG",
     "MapLocation",
     "ValueRef",
+    "start_checkpoint_dict",
     "write_checkpoint_dict",
 ]
 
@@ -300,7 +301,8 @@ def write_checkpoint_dict(
     ``path`` becomes a directory holding one checkpoint, ``ckpt-<n>``, and the ``checkpoint``
     state file naming it, so ``tp.load_checkpoint(path)`` (and TensorFlow's) reads it. Saving to
     an existing ``path`` replaces it atomically: ``ckpt-<n+1>`` is written, and ``ckpt-<n>``
-    deleted only once the new one is committed.
+    deleted only once the new one is committed. Returns once the checkpoint is written, also
+    with ``options.enable_async`` (see :func:`start_checkpoint_dict` for a write that does not).
 
     Returns:
         The checkpoint prefix written (``<path>/ckpt-<n>``).
@@ -309,6 +311,27 @@ def write_checkpoint_dict(
         InvalidArgumentError: a value cannot be stored (names its key and the fix).
         CheckpointError: writing failed; nothing was committed.
     """
+    prefix, manager = start_checkpoint_dict(checkpoint, path, options=options)
+    manager.close()  # waits for an async write and raises its error
+    return prefix
+
+
+def start_checkpoint_dict(
+    checkpoint: Mapping[str, Any], path: str, *, options: CheckpointOptions | None = None
+) -> tuple[str, CheckpointManager]:
+    """Begin saving ``checkpoint`` as :func:`write_checkpoint_dict` does; the caller finishes it.
+
+    With ``options.enable_async`` this returns once the values are snapshotted (lazily, with
+    ``lazy_snapshot``) and the write goes on in the background; the returned manager holds
+    ``path``'s writer lock until ``close()``, which waits for the write and raises its error.
+
+    Returns:
+        The checkpoint prefix (``<path>/ckpt-<n>``) and the open manager.
+
+    Raises:
+        InvalidArgumentError: a value cannot be stored (names its key and the fix).
+        CheckpointError: a synchronous write failed; nothing was committed.
+    """
     encoder = _Encoder()
     structure = encoder.encode(checkpoint, "checkpoint", (), ())
     data = dumps({"format": FORMAT_VERSION, "checkpoint": structure}, what="Lightning checkpoint",
@@ -316,10 +339,14 @@ def write_checkpoint_dict(
     encoder.root._track_trackable(_DictState(data), CHECKPOINT_DICT_NAME)
     # A manager keeping one checkpoint: a save over an existing path writes the next number
     # and deletes the earlier one only after the new one is committed and recorded.
-    with CheckpointManager(Checkpoint(root=encoder.root), path, max_to_keep=1,
-                           checkpoint_name=CHECKPOINT_NAME) as manager:
+    manager = CheckpointManager(Checkpoint(root=encoder.root), path, max_to_keep=1,
+                                checkpoint_name=CHECKPOINT_NAME)
+    try:
         latest = manager.latest_checkpoint
         number = int(latest.rpartition("-")[2]) + 1 if latest else 1
         prefix = manager.save(checkpoint_number=number, options=options)
+    except BaseException:
+        manager.close()
+        raise
     assert prefix is not None  # no checkpoint_interval: every save happens
-    return prefix
+    return prefix, manager

@@ -15,6 +15,10 @@ under ``no_grad``, a second optimizer nobody tracked, a restore. What the counte
 (writes through ``tensor.data`` or a ``tensor.numpy()`` view, ``fused=True`` optimizer kernels of
 an *untracked* optimizer) is a documented blind spot (docs/performance.md).
 
+Checkpoints that hold an optimizer's tensors but not the optimizer (the dict Lightning hands its
+``CheckpointIO``) name the optimizers with :func:`lazy_optimizers`; their tensors are then also
+matched by memory (detached views).
+
 Device tensors are copied to the host at the call (``TensorVariable`` evaluates them then), so
 only CPU tensors are deferred. One hook per optimizer is installed the first time a lazy save
 sees it, and stays: removing a hook while ``step()`` iterates its hooks is an error in torch,
@@ -25,12 +29,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from trackpoint.integrations.torch_optim import OptimizerConfig
 from trackpoint.integrations.torch_tensors import TensorVariable
@@ -42,7 +48,15 @@ from trackpoint.saving.lazy_snapshot import (
 )
 from trackpoint.saving.sharding import ShardableTensor
 
-__all__ = ["StepGate", "install_lazy_snapshots", "plan_torch_lazy", "step_gate"]
+__all__ = [
+    "StepGate",
+    "install_lazy_snapshots",
+    "lazy_optimizers",
+    "plan_torch_lazy",
+    "record_stepping_optimizers",
+    "step_gate",
+    "stepped_optimizers",
+]
 
 
 class StepGate:
@@ -98,15 +112,73 @@ def step_gate(optimizer: torch.optim.Optimizer) -> StepGate:
         return gate
 
 
+_THREAD = threading.local()  # .optimizers: those lazy_optimizers() adds on this thread
+_STEPPED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+_RECORDER: list[Any] = []  # the global step pre-hook's handle, once installed
+
+
+@contextmanager
+def lazy_optimizers(optimizers: Iterable[torch.optim.Optimizer]) -> Iterator[None]:
+    """Inside the block, lazy saves on this thread treat ``optimizers`` as tracked.
+
+    For checkpoints that hold an optimizer's tensors but not the optimizer: Lightning's dict
+    (``optimizer.state_dict()`` and the module's ``state_dict()``, whose tensors are detached
+    views). A tensor is then also matched by its memory (a detached view shares the memory
+    and the version counter of the tensor the optimizer changes), and gated on the
+    optimizer's next step as for a tracked one.
+    """
+    previous: tuple[torch.optim.Optimizer, ...] = getattr(_THREAD, "optimizers", ())
+    _THREAD.optimizers = (*previous, *optimizers)
+    try:
+        yield
+    finally:
+        _THREAD.optimizers = previous
+
+
+def _record(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    _STEPPED.add(optimizer)
+
+
+def record_stepping_optimizers() -> None:
+    """From now on, remember (weakly) every optimizer of the process that steps (idempotent).
+
+    One global step pre-hook (``register_optimizer_step_pre_hook``): a caller that never sees
+    the optimizers (a Lightning ``CheckpointIO``) learns them so, before its first save.
+    """
+    with _GATES_LOCK:
+        if not _RECORDER:
+            _RECORDER.append(register_optimizer_step_pre_hook(_record))
+
+
+def stepped_optimizers() -> list[torch.optim.Optimizer]:
+    """The live optimizers that stepped since :func:`record_stepping_optimizers` was called."""
+    return list(_STEPPED)
+
+
+def _memory(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+    """Equal for two CPU tensors viewing the same memory the same way, else None."""
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.numel() == 0:
+        return None
+    return (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+
+
 def _version(tensor: torch.Tensor) -> int:
     return int(tensor._version)
 
 
 def _views(array: np.ndarray, tensor: torch.Tensor) -> bool:
-    """True if ``array`` is a view of ``tensor``'s memory (not a copy made at the snapshot)."""
+    """True if ``array`` is a view of ``tensor``'s memory (not a copy made at the snapshot).
+
+    Follows the array's bases to the tensor ``Tensor.numpy()`` made it from: it runs per value
+    at the call, and reading ``__array_interface__`` alone costs twice this whole check.
+    """
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        base = base.base
     return bool(
-        tensor.device.type == "cpu"
-        and array.__array_interface__["data"][0] == tensor.data_ptr()
+        isinstance(base, torch.Tensor)
+        and tensor.is_cpu
+        and base.data_ptr() == tensor.data_ptr()
         and array.nbytes == tensor.numel() * tensor.element_size()
     )
 
@@ -119,17 +191,23 @@ def plan_torch_lazy(tensors: Sequence[ShardableTensor]) -> LazyPlan | None:
             optimizer = st.trackable._optimizer
             if all(optimizer is not o for o in optimizers):
                 optimizers.append(optimizer)
+    added: tuple[torch.optim.Optimizer, ...] = getattr(_THREAD, "optimizers", ())
+    by_memory = any(all(o is not t for t in optimizers) for o in added)
+    optimizers.extend(o for o in added if all(o is not t for t in optimizers))
     if not optimizers:
         return None
     owners: dict[int, list[int]] = {}  # id(tensor) -> the optimizers changing it
+    memory_owners: dict[tuple[Any, ...], list[int]] = {}  # the same by memory (detached views)
     for number, optimizer in enumerate(optimizers):
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                owners.setdefault(id(param), []).append(number)
-        for state in optimizer.state.values():
-            for value in state.values():
-                if isinstance(value, torch.Tensor):
-                    owners.setdefault(id(value), []).append(number)
+        owned: list[torch.Tensor] = [p for group in optimizer.param_groups for p in group["params"]]
+        owned.extend(
+            v for state in optimizer.state.values() for v in state.values()
+            if isinstance(v, torch.Tensor)
+        )  # fmt: skip
+        for tensor in owned:
+            owners.setdefault(id(tensor), []).append(number)
+            if by_memory and (memory := _memory(tensor)) is not None:
+                memory_owners.setdefault(memory, []).append(number)
     deferred: dict[int, DeferredValue] = {}
     per_optimizer: list[list[int]] = [[] for _ in optimizers]
     for index, st in enumerate(tensors):
@@ -138,6 +216,8 @@ def plan_torch_lazy(tensors: Sequence[ShardableTensor]) -> LazyPlan | None:
             continue
         tensor = variable.tensor
         numbers = owners.get(id(tensor))
+        if numbers is None and memory_owners and (memory := _memory(tensor)) is not None:
+            numbers = memory_owners.get(memory)
         if not numbers or not _views(st.tensor, tensor):
             continue
         deferred[index] = DeferredValue(partial(_version, tensor), variable.name)
