@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from graph_checks import assert_same, fresh, values_of
 
 import trackpoint as tp
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.graph import ObjectGraphView, SerializedGraph, serialize_graph
+from trackpoint.graph import ObjectGraphView, serialize_graph
 from trackpoint.tracking import AutoTrackable, SlotOwner, Variable
 
 torch = pytest.importorskip("torch")
@@ -23,27 +24,6 @@ class Opt(SlotOwner, AutoTrackable):
 
 
 _KEEP: list[Any] = []
-
-
-def _fresh(view: ObjectGraphView) -> SerializedGraph:
-    return serialize_graph(ObjectGraphView(view.root, list(view.attached_dependencies)))
-
-
-def _values(graph: SerializedGraph) -> dict[str, Any]:
-    return {key: value for _, tensors in graph.tensors.items() for key, value in tensors.items()}
-
-
-def _assert_same(got: SerializedGraph, want: SerializedGraph) -> None:
-    assert got.object_graph_bytes == want.object_graph_bytes
-    got_values, want_values = _values(got), _values(want)
-    assert list(got_values) == list(want_values)
-    for key, value in want_values.items():
-        if key.endswith("_CHECKPOINTABLE_OBJECT_GRAPH"):
-            continue
-        other = got_values[key]
-        if callable(value):
-            value, other = value(), other()
-        assert np.array_equal(np.asarray(other), np.asarray(value)), key
 
 
 def _torch_view() -> tuple[Any, Any, ObjectGraphView]:
@@ -67,9 +47,9 @@ def test_a_torch_model_and_its_optimizer_replay_the_walk() -> None:
     optimizer.step()  # updates the state tensors in place
     second = serialize_graph(view)
     assert second.object_graph_bytes is first.object_graph_bytes  # replayed, not rebuilt
-    _assert_same(second, _fresh(view))
-    key = next(k for k in _values(second) if "OPTIMIZER_SLOT" in k and "exp_avg_sq" in k)
-    assert np.array_equal(_values(second)[key], _values(_fresh(view))[key])
+    assert_same(second, fresh(view))
+    key = next(k for k in values_of(second) if "OPTIMIZER_SLOT" in k and "exp_avg_sq" in k)
+    assert np.array_equal(values_of(second)[key], values_of(fresh(view))[key])
 
 
 def _state_replaced(model: Any, optimizer: Any) -> None:
@@ -99,7 +79,7 @@ def test_a_changed_optimizer_state_is_walked_again(change: Callable[[Any, Any], 
     before = serialize_graph(view)
     change(model, optimizer)
     after = serialize_graph(view)
-    _assert_same(after, _fresh(view))
+    assert_same(after, fresh(view))
     if change in (_state_entry_added, _state_dropped):
         assert after.object_graph_bytes != before.object_graph_bytes
     assert serialize_graph(view).object_graph_bytes == after.object_graph_bytes
@@ -115,9 +95,9 @@ def test_the_first_step_adds_slots_and_is_walked_again() -> None:
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
     after = serialize_graph(view)
-    assert any("OPTIMIZER_SLOT" in key for key in _values(after))
-    assert not any("OPTIMIZER_SLOT" in key for key in _values(before))
-    _assert_same(after, _fresh(view))
+    assert any("OPTIMIZER_SLOT" in key for key in values_of(after))
+    assert not any("OPTIMIZER_SLOT" in key for key in values_of(before))
+    assert_same(after, fresh(view))
 
 
 def test_a_parameter_group_the_root_does_not_reach_fails_a_replayed_save() -> None:
@@ -140,5 +120,5 @@ def test_a_numpy_slot_added_later_is_walked_again() -> None:
     assert again.object_graph_bytes is first.object_graph_bytes
     root.opt.add_slot(root.b, "m")  # same slot name, another variable
     after = serialize_graph(view)
-    _assert_same(after, _fresh(view))
+    assert_same(after, fresh(view))
     assert len(after.object_graph_proto.nodes) == len(first.object_graph_proto.nodes) + 1

@@ -15,32 +15,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from graph_checks import assert_same, fresh, values_of
 
 import trackpoint as tp
 from trackpoint.errors import InvalidArgumentError
-from trackpoint.graph import ObjectGraphView, SerializedGraph, serialize_graph
+from trackpoint.graph import ObjectGraphView, serialize_graph
 from trackpoint.tracking import AutoTrackable
-
-
-def _fresh(view: ObjectGraphView) -> SerializedGraph:
-    return serialize_graph(ObjectGraphView(view.root, list(view.attached_dependencies)))
-
-
-def _values(graph: SerializedGraph) -> dict[str, Any]:
-    return {key: value for _, tensors in graph.tensors.items() for key, value in tensors.items()}
-
-
-def _assert_same(got: SerializedGraph, want: SerializedGraph) -> None:
-    assert got.object_graph_bytes == want.object_graph_bytes
-    got_values, want_values = _values(got), _values(want)
-    assert list(got_values) == list(want_values)
-    for key, value in want_values.items():
-        if key.endswith("_CHECKPOINTABLE_OBJECT_GRAPH"):
-            continue
-        other = got_values[key]
-        if callable(value):  # plain values are JSON made at save time
-            value, other = value(), other()
-        assert other is value or np.array_equal(other, value), key
 
 
 def _ckpt() -> tuple[tp.Checkpoint, dict[str, Any], ObjectGraphView]:
@@ -57,8 +37,8 @@ def test_an_unchanged_structure_reuses_the_encoded_graph() -> None:
     state["block0/w"][...] = 7  # a value changed in place: not a structure change
     second = serialize_graph(view)
     assert second.object_graph_bytes is first.object_graph_bytes  # reused, not rebuilt
-    assert (_values(second)["state/block0.Sw/.ATTRIBUTES/VARIABLE_VALUE"] == 7).all()
-    _assert_same(second, _fresh(view))
+    assert (values_of(second)["state/block0.Sw/.ATTRIBUTES/VARIABLE_VALUE"] == 7).all()
+    assert_same(second, fresh(view))
 
 
 def _rebind(ckpt: tp.Checkpoint, state: dict[str, Any]) -> None:
@@ -116,9 +96,9 @@ def test_a_changed_structure_is_walked_again(
     before = serialize_graph(view)
     change(ckpt, state)
     after = serialize_graph(view)
-    _assert_same(after, _fresh(view))
-    assert after.object_graph_bytes != before.object_graph_bytes or _values(after).keys() != (
-        _values(before).keys()
+    assert_same(after, fresh(view))
+    assert after.object_graph_bytes != before.object_graph_bytes or values_of(after).keys() != (
+        values_of(before).keys()
     ) or change is _rebind
     assert serialize_graph(view).object_graph_bytes == after.object_graph_bytes
 
@@ -128,7 +108,7 @@ def test_a_rebound_value_is_the_one_saved() -> None:
     serialize_graph(view)
     new = np.full(3, 42, np.float32)
     state["block1/w"] = new
-    assert _values(serialize_graph(view))["state/block1.Sw/.ATTRIBUTES/VARIABLE_VALUE"] is new
+    assert values_of(serialize_graph(view))["state/block1.Sw/.ATTRIBUTES/VARIABLE_VALUE"] is new
 
 
 def test_an_unsaveable_value_fails_a_repeated_save() -> None:
@@ -160,7 +140,7 @@ def test_the_reuse_keeps_no_dropped_object_alive() -> None:
     del old
     gc.collect()
     assert probe() is None  # the snapshot holds objects weakly
-    _assert_same(serialize_graph(view), _fresh(view))
+    assert_same(serialize_graph(view), fresh(view))
 
 
 def _weak_array_probe(array: np.ndarray) -> Callable[[], Any]:
