@@ -58,7 +58,7 @@ _RESTORE_STEPS = (
     (restore.CheckpointPosition, "_walk", "walk: bind nodes to objects, plan"),
     (replay.WalkReplay, "replay", "replay the last read's walk"),
     (restore.RestoreCoordinator, "_restore_values", "read, check and copy the values"),
-    (replay, "_keep", "snapshot the structure for the next read"),
+    (replay, "_keep", "fingerprint the structure for the next read"),
     (load_status.CheckpointLoadStatus, "assert_consumed", "assert_consumed()"),
 )
 

@@ -1,6 +1,6 @@
 """A view saved again reuses its previous walk only while the structure is exactly the same.
 
-The first save of a view leaves nothing to reuse; the second leaves the snapshot (``_ckpt``
+The first save of a view leaves nothing to reuse; the second leaves the fingerprint (``_ckpt``
 saves once, so each test's first save is a view's second).
 
 Every case compares the graph a repeated save produces with the graph a brand-new view of the
@@ -139,7 +139,7 @@ def test_the_reuse_keeps_no_dropped_object_alive() -> None:
     ckpt.state["block4/w"] = np.zeros(3, np.float32)  # through the wrapper: dropped at once
     del old
     gc.collect()
-    assert probe() is None  # the snapshot holds objects weakly
+    assert probe() is None  # the fingerprint holds objects weakly
     assert_same(serialize_graph(view), fresh(view))
 
 

@@ -474,14 +474,16 @@ class Checkpoint(AutoTrackable):
         view: ObjectGraphView = self._self_view
         own = self._counter_candidate(graph, reader.bundle)
         # The parsed index is reused by every read of this load (deferred ones too).
-        coordinator, snapshot = reuse.restore(view, graph, prefix, options, reader.bundle, own=own)
+        coordinator, fingerprint = reuse.restore(
+            view, graph, prefix, options, reader.bundle, own=own
+        )
         self._took_counter(own)
         self._self_history.restored(prefix, options.storage)  # incremental saves compare to it
         seconds = time.perf_counter() - started
         metrics.record_duration(metrics.READ_DURATION, seconds)
         if sizes is not None and options.progress is not None:
             _report_restored(options.progress, _restored_event(prefix, seconds, sizes))
-        return CheckpointLoadStatus(coordinator, view, options, snapshot=snapshot)
+        return CheckpointLoadStatus(coordinator, view, options, fingerprint=fingerprint)
 
     def _read_name_based(
         self, prefix: str, options: CheckpointOptions, index: BundleReader

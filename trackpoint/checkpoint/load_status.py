@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from trackpoint._gc import collector_paused
 from trackpoint.graph.keys import SAVE_COUNTER
-from trackpoint.graph.structure import StructureSnapshot
+from trackpoint.graph.structure import StructureFingerprint
 from trackpoint.graph.walk import ObjectGraphView, list_objects, readable_path
 from trackpoint.tracking.base import Trackable, has_values
 from trackpoint.tracking.slots import SlotOwner
@@ -102,7 +102,7 @@ class CheckpointLoadStatus(LoadStatus):
 
     def __init__(
         self, coordinator: RestoreCoordinator, view: ObjectGraphView, options: CheckpointOptions,
-        *, snapshot: StructureSnapshot | None = None,
+        *, fingerprint: StructureFingerprint | None = None,
     ) -> None:
         self._coordinator = coordinator
         self._view = view
@@ -110,7 +110,7 @@ class CheckpointLoadStatus(LoadStatus):
         self._options = options
         # The program's structure as the read met it: while unchanged, the assertions take the
         # program's objects from it instead of walking the program again.
-        self._snapshot = snapshot
+        self._fingerprint = fingerprint
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -138,14 +138,16 @@ class CheckpointLoadStatus(LoadStatus):
         # the structure its bindings form): while that structure is unchanged, only objects
         # met apart from it can be unbound, and the slots of its optimizers (optimizer state,
         # created by the program at any time, is no structure).
-        snapshot = self._snapshot if self._snapshot is not None else self._bound_structure()
-        recorded = snapshot.unchanged() if snapshot is not None else None
+        fingerprint = self._fingerprint
+        if fingerprint is None:
+            fingerprint = self._bound_structure()
+        recorded = fingerprint.unchanged() if fingerprint is not None else None
         if recorded is None:
             objects = list_objects(
                 self._view, skip_slot_variables=self._options.skip_slot_variables
             )
         else:  # (a read's record may list its slot variables; the bindings' structure never)
-            objects = self._slots_of(recorded, with_slots=snapshot is self._snapshot)
+            objects = self._slots_of(recorded, with_slots=fingerprint is self._fingerprint)
         if objects:
             bound = set(map(id, coordinator.object_by_proto_id.values()))
             for obj in [obj for obj in objects if id(obj) not in bound]:
@@ -167,7 +169,7 @@ class CheckpointLoadStatus(LoadStatus):
                 unbound.append(obj)
         return unbound
 
-    def _bound_structure(self) -> StructureSnapshot | None:
+    def _bound_structure(self) -> StructureFingerprint | None:
         """The structure the read's bindings form: from the root, each bound object with the
         bound objects of its node's children by local name (checkpoint order). Unchanged
         means the program's objects are exactly these, all bound. None: an object is bound to
@@ -201,7 +203,7 @@ class CheckpointLoadStatus(LoadStatus):
             children.append(found)
         if len(set(map(id, objects))) != len(objects):
             return None  # one object at two nodes: the program's graph has it once
-        return StructureSnapshot.capture(self._view, objects, children)
+        return StructureFingerprint.capture(self._view, objects, children)
 
     def _slot_nodes_objects(self) -> set[int]:
         """ids of the objects bound to the checkpoint's slot variable nodes."""

@@ -10,11 +10,11 @@ program's structure changed, so each ``Checkpoint`` keeps a :class:`RestoreRepla
 - after a read whose walk met exactly the program's object graph (every live child bound to the
   checkpoint node of its name, in order; no slot variables, registered savers or objects the
   checkpoint shares differently), a
-  :class:`~trackpoint.graph.structure.StructureSnapshot` of that structure and a
+  :class:`~trackpoint.graph.structure.StructureFingerprint` of that structure and a
   :class:`WalkReplay` of the walk's result.
 
 The next read replays that walk instead of walking when, and only when, the graph is the
-same (equal bytes) and the snapshot says the structure is unchanged (every object alive, same
+same (equal bytes) and the fingerprint says the structure is unchanged (every object alive, same
 children by name and identity, leaves still leaves). Everything the walk derives from those two
 is then the same: which node is bound to which object, the checkpoint key of every plain
 leaf planned from the checkpoint's attributes (its class declares ``_whole_value_names``), the
@@ -23,8 +23,8 @@ asked again: values are read and verified anew, and every other object is planne
 container's plain values may have changed). A different graph, a changed structure or a failed
 read drops the recorded walk; the next read walks.
 
-The snapshot also serves the load status: ``assert_*`` methods that would walk the program
-again ask the snapshot instead, and walk only if the structure changed since the read.
+The fingerprint also serves the load status: ``assert_*`` methods that would walk the program
+again ask the fingerprint instead, and walk only if the structure changed since the read.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from trackpoint.checkpoint.restore import CheckpointPosition, RestoreCoordinator
 from trackpoint.checkpoint.restore_plan import PlannedBatch, RestorePlan, WalkRecord
 from trackpoint.checkpoint.saved_graph import SavedGraph
 from trackpoint.graph.keys import SAVE_COUNTER
-from trackpoint.graph.structure import StructureSnapshot
+from trackpoint.graph.structure import StructureFingerprint
 
 if TYPE_CHECKING:
     from trackpoint.bundle.reader import BundleReader
@@ -48,9 +48,9 @@ __all__ = ["RestoreReplay", "WalkReplay"]
 
 
 class WalkReplay:
-    """The result of one top-level walk, by position in the snapshot's node order.
+    """The result of one top-level walk, by position in the fingerprint's node order.
 
-    ``node_ids[i]`` is the checkpoint node bound to the snapshot's object ``i``.
+    ``node_ids[i]`` is the checkpoint node bound to the fingerprint's object ``i``.
     """
 
     __slots__ = ("batches", "deferred", "general", "node_ids")
@@ -95,7 +95,7 @@ class _Kept(NamedTuple):
     """What one read lends the next (kept as one value: a concurrent read sees all or none)."""
 
     graph: SavedGraph
-    snapshot: StructureSnapshot
+    fingerprint: StructureFingerprint
     walk: WalkReplay
 
 
@@ -144,19 +144,19 @@ class RestoreReplay:
         index: BundleReader,
         *,
         own: Mapping[int, Trackable] | None = None,
-    ) -> tuple[RestoreCoordinator, StructureSnapshot | None]:
+    ) -> tuple[RestoreCoordinator, StructureFingerprint | None]:
         """Restore ``view``'s objects from the checkpoint: replay the last walk if nothing
         changed, else walk (and keep what the next read may replay). ``own``: the checkpoint's
         own objects the program does not hold yet (see :meth:`RestoreCoordinator.execute`).
 
         Returns:
-            The coordinator of this load, and a snapshot of the structure it met (None if the
+            The coordinator of this load, and a fingerprint of the structure it met (None if the
             walk met anything but exactly the program's object graph).
         """
         coordinator = RestoreCoordinator(graph, prefix, options, index=index)
         kept, self._kept = self._kept, None  # kept again if this read succeeds
         root = view.root
-        objects = kept.snapshot.unchanged() if kept is not None and kept.graph is graph else None
+        objects = kept.fingerprint.unchanged() if kept is not None and kept.graph is graph else None
         try:
             if kept is not None and objects is not None and objects[0] is root:
                 plan, replay = RestorePlan(), kept.walk.replay
@@ -173,13 +173,13 @@ class RestoreReplay:
             coordinator.expect_partial = True  # the error says it all; no "unrestored" warning
             raise
         self._kept = kept
-        return coordinator, kept.snapshot if kept is not None else None
+        return coordinator, kept.fingerprint if kept is not None else None
 
 
 def _keep(
     view: ObjectGraphView, graph: SavedGraph, record: WalkRecord | None, plan: RestorePlan | None
 ) -> _Kept | None:
-    """The snapshot and replay of a walk, if it met exactly the program's object graph."""
+    """The fingerprint and replay of a walk, if it met exactly the program's object graph."""
     if record is None or record.failed or plan is None:
         return None
     if plan.registered or plan.pending_slots or plan.slots_taken or plan.seen:
@@ -187,7 +187,7 @@ def _keep(
     objects = [obj for _, obj in record.queue]
     if len(set(map(id, objects))) != len(objects):
         return None  # one object bound to two nodes: the program's graph has it once
-    snapshot = StructureSnapshot.capture(view, objects, record.children)
-    if snapshot is None:
+    fingerprint = StructureFingerprint.capture(view, objects, record.children)
+    if fingerprint is None:
         return None
-    return _Kept(graph, snapshot, WalkReplay(record, plan))
+    return _Kept(graph, fingerprint, WalkReplay(record, plan))

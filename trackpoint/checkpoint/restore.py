@@ -21,7 +21,7 @@ it later leaves it alone, so the most recently *requested* restore wins (B4).
 
 The top-level walk of ``Checkpoint.read`` may keep a
 :class:`~trackpoint.checkpoint.restore_plan.WalkRecord`; ``checkpoint/replay.py`` turns it into
-the structure snapshot and the recorded walk that let the next read of the same graph replay it
+the structure fingerprint and the recorded walk that let the next read of the same graph replay it
 instead of walking.
 
 The coordinator holds objects weakly and nothing holds the coordinator but its status and the

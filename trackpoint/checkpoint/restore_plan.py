@@ -9,7 +9,7 @@ no object per value.
 
 A :class:`WalkRecord` is kept by the top-level walk of ``Checkpoint.read`` when the walk met
 exactly the structure a walk of the program's object graph would meet (every live child matched
-to a checkpoint node, in order; see ``checkpoint/replay.py``): it becomes the structure snapshot
+to a checkpoint node, in order; see ``checkpoint/replay.py``): it becomes the structure fingerprint
 that lets the load status skip walking the program again, and the recorded walk the next read of
 the same graph replays instead of walking.
 """

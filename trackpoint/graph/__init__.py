@@ -19,7 +19,7 @@ from trackpoint.graph.keys import (
     unescape_local_name,
 )
 from trackpoint.graph.serialize import SerializedGraph, TensorsByTrackable, serialize_graph
-from trackpoint.graph.structure import StructureSnapshot
+from trackpoint.graph.structure import StructureFingerprint
 from trackpoint.graph.walk import (
     ObjectGraphView,
     list_objects,
@@ -38,7 +38,7 @@ __all__ = [
     "VARIABLE_VALUE_KEY",
     "ObjectGraphView",
     "SerializedGraph",
-    "StructureSnapshot",
+    "StructureFingerprint",
     "TensorsByTrackable",
     "checkpoint_key",
     "escape_local_name",

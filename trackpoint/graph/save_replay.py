@@ -2,10 +2,10 @@
 
 A view saved again and again (``Checkpoint.save`` in a loop) lends each save what the walk of
 the previous one derived from the structure: node ids, checkpoint keys, the encoded graph.
-:class:`SaveReplay` holds them with a :class:`~trackpoint.graph.structure.StructureSnapshot` and
+:class:`SaveReplay` holds them with a :class:`~trackpoint.graph.structure.StructureFingerprint` and
 hands them out only while a walk now would find exactly the same:
 
-- the structure snapshot says every node, and each node's children, are as recorded (slot
+- the structure fingerprint says every node, and each node's children, are as recorded (slot
   variables included, as leaves);
 - every optimizer (``SlotOwner``) still keeps the same slot variables, each the same object, for
   the same variables under the same slot names, in the same order (an optimizer step that added
@@ -29,7 +29,7 @@ from typing import Any
 from trackpoint.errors import InvalidArgumentError
 from trackpoint.graph.keys import OBJECT_GRAPH_KEY
 from trackpoint.graph.serialized import SerializedGraph, TensorsByTrackable
-from trackpoint.graph.structure import StructureSnapshot
+from trackpoint.graph.structure import StructureFingerprint
 from trackpoint.graph.walk import GraphWalk, ObjectGraphView, slots_of
 from trackpoint.tracking.adapters import to_trackable
 from trackpoint.tracking.base import Trackable, batch_hook
@@ -113,11 +113,11 @@ class SaveReplay:
     """
 
     __slots__ = ("_checks", "_count", "_graph", "_groups", "_in_order", "_listed", "_node_ids",
-                 "_owners", "_snapshot")  # fmt: skip
+                 "_owners", "_fingerprint")  # fmt: skip
 
     def __init__(
         self,
-        snapshot: StructureSnapshot,
+        fingerprint: StructureFingerprint,
         graph: bytes,
         groups: list[ValueGroup],
         checks: list[tuple[int, str]],
@@ -125,7 +125,7 @@ class SaveReplay:
         node_ids: dict[int, int],
         listed: int,
     ) -> None:
-        self._snapshot = snapshot
+        self._fingerprint = fingerprint
         self._graph = graph
         self._groups = groups
         self._checks = checks  # (node, readable path) of containers with save checks
@@ -152,8 +152,8 @@ class SaveReplay:
         objects, listed = walk.objects, len(walk.children)
         # Slot variables are leaves of the structure too: one that gains a child is refused.
         children: Sequence[Any] = [*walk.children, *repeat([], len(objects) - listed)]
-        snapshot = StructureSnapshot.capture(view, objects, children)
-        if snapshot is None:
+        fingerprint = StructureFingerprint.capture(view, objects, children)
+        if fingerprint is None:
             return None
         node_ids = walk.node_ids
         owners = [
@@ -161,11 +161,11 @@ class SaveReplay:
             for index, obj in enumerate(objects[:listed])
             if isinstance(obj, SlotOwner)
         ]
-        return cls(snapshot, graph, groups, checks, owners, node_ids, listed)
+        return cls(fingerprint, graph, groups, checks, owners, node_ids, listed)
 
     def serialize(self) -> SerializedGraph | None:
         """The graph of a save now, or None if anything it depends on changed."""
-        objects = self._snapshot.unchanged()
+        objects = self._fingerprint.unchanged()
         if objects is None or not self._same_slots(objects):
             return None
         for index, where in self._checks:

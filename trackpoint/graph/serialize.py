@@ -165,7 +165,7 @@ def _serialize_walk(
     tensors = TensorsByTrackable(list(filter(None, pairs)))
     tensors.add(None, {OBJECT_GRAPH_KEY: string_scalar(graph)})
     # The first save of a view lends nothing: many views are saved once (a Checkpoint made
-    # for one write), and the snapshot costs about a tenth of the walk. From the second on,
+    # for one write), and the fingerprint costs about a tenth of the walk. From the second on,
     # the view is being saved again and again (a training loop).
     view.save_walks += 1
     if registered_saver_for is None and view.save_walks > 1:

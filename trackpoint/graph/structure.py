@@ -2,11 +2,11 @@
 
 A training loop saves and restores the same objects again and again. Walking 100,000 values,
 naming them and encoding the object graph costs several times the bytes' own cost (issue 19),
-and none of it changes while the structure does not. A :class:`StructureSnapshot` records the
+and none of it changes while the structure does not. A :class:`StructureFingerprint` records the
 structure one walk saw — every node, and each node's children by local name and identity — and
-:meth:`StructureSnapshot.unchanged` answers, exactly, whether a walk now would see the same:
+:meth:`StructureFingerprint.unchanged` answers, exactly, whether a walk now would see the same:
 
-- every recorded node is still alive (held weakly: a snapshot never keeps an object, or the
+- every recorded node is still alive (held weakly: a fingerprint never keeps an object, or the
   array an adapter wraps, alive after the program dropped it);
 - every node with children lists the same names, in the same order, bound to the same objects
   (asked of the object itself, ``_trackable_children()``, so tracked containers adopt changes
@@ -17,7 +17,7 @@ structure one walk saw — every node, and each node's children by local name an
 That is the whole input of the walk's structure: what the walk derives from it (node ids,
 paths, checkpoint keys, the encoded graph) is a function of it. A value changed in place does
 not change the structure; values are always read again at the call. Objects that cannot be
-referenced weakly are not snapshotted (:meth:`StructureSnapshot.capture` returns None) and
+referenced weakly are not fingerprinted (:meth:`StructureFingerprint.capture` returns None) and
 the caller walks every time.
 """
 
@@ -35,7 +35,7 @@ from trackpoint.tracking.base import Trackable
 if TYPE_CHECKING:
     from trackpoint.graph.walk import ObjectGraphView
 
-__all__ = ["StructureSnapshot"]
+__all__ = ["StructureFingerprint"]
 
 _PLAIN_CHILDREN = Trackable._trackable_children
 Children = Sequence[tuple[str, Trackable]] | Mapping[str, Trackable]
@@ -44,7 +44,7 @@ _NAME = itemgetter(0)  # of a TrackableReference
 _CHILD = itemgetter(1)
 
 
-class StructureSnapshot:
+class StructureFingerprint:
     """The nodes of one walk and the children of each, checkable later in one cheap pass.
 
     Build with :meth:`capture`; ask :meth:`unchanged` before reusing anything derived from
@@ -62,7 +62,7 @@ class StructureSnapshot:
         plain_leaves: list[int],
         attached: list[tuple[str, int]],
     ) -> None:
-        # Weakly: the view keeps the snapshot (a save's reuse), which must not keep the view.
+        # Weakly: the view keeps the fingerprint (a save's reuse), which must not keep the view.
         self._view = weakref.ref(view)
         self._refs = refs
         self._parents = parents  # (node, child names, child nodes), root first
@@ -76,8 +76,8 @@ class StructureSnapshot:
         view: ObjectGraphView,
         objects: Sequence[Trackable],
         children: Sequence[Children],
-    ) -> StructureSnapshot | None:
-        """The snapshot of a walk of ``view`` that found ``objects`` (node order) and
+    ) -> StructureFingerprint | None:
+        """The fingerprint of a walk of ``view`` that found ``objects`` (node order) and
         ``children[i]`` under ``objects[i]`` (the root's attached dependencies included, last):
         references, or a mapping of local names to children (a restore's walk record).
 

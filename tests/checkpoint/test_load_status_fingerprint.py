@@ -1,9 +1,9 @@
-"""Scenarios C1/C2 when the status answers from the structure the read met (a snapshot).
+"""Scenarios C1/C2 when the status answers from the structure the read met (a fingerprint).
 
 A status whose read recorded the program's structure answers ``assert_consumed`` and
 ``assert_existing_objects_matched`` without walking the program while the structure is
 unchanged; it must still fail wherever a walk would: a child attached since the read, and an
-optimizer's slot the checkpoint lacks (optimizer state is no structure: a snapshot never
+optimizer's slot the checkpoint lacks (optimizer state is no structure: a fingerprint never
 covers it).
 """
 
@@ -16,7 +16,7 @@ from ckpt_helpers import NumpyAdam
 import trackpoint.checkpoint.load_status as load_status
 from trackpoint.checkpoint.checkpoint import Checkpoint
 from trackpoint.checkpoint.load_status import CheckpointLoadStatus
-from trackpoint.graph.structure import StructureSnapshot
+from trackpoint.graph.structure import StructureFingerprint
 from trackpoint.graph.walk import walk_graph
 from trackpoint.tracking import AutoTrackable, Variable
 
@@ -35,7 +35,7 @@ def _model() -> AutoTrackable:
 def test_c1_unchanged_structure_answers_without_walking(tmp_path, monkeypatch):
     path = Checkpoint(model=_model()).write(tmp_path / "ckpt")
     status = Checkpoint(model=_model()).read(path)
-    assert status._snapshot is not None  # the read recorded the structure it met
+    assert status._fingerprint is not None  # the read recorded the structure it met
     monkeypatch.setattr(load_status, "list_objects", _no_walk)
     assert status.assert_consumed() is status
     assert status.assert_existing_objects_matched().assert_nontrivial_match() is status
@@ -70,14 +70,14 @@ def _status_with_snapshot(status: CheckpointLoadStatus) -> CheckpointLoadStatus:
     """``status`` as a read that recorded the structure it met (optimizer included) gives it."""
     view = status._view
     walk = walk_graph(view, skip_slot_variables=True)
-    snapshot = StructureSnapshot.capture(view, walk.objects, walk.children)
-    assert snapshot is not None and snapshot.unchanged() is not None
+    fingerprint = StructureFingerprint.capture(view, walk.objects, walk.children)
+    assert fingerprint is not None and fingerprint.unchanged() is not None
     return CheckpointLoadStatus(
-        status._coordinator, view, status._options, snapshot=snapshot
+        status._coordinator, view, status._options, fingerprint=fingerprint
     )
 
 
-def test_c2_snapshot_with_optimizer_passes_when_every_slot_is_in_the_checkpoint(
+def test_c2_fingerprint_with_optimizer_passes_when_every_slot_is_in_the_checkpoint(
     tmp_path, monkeypatch
 ):
     saved, _ = _trained(1.0, 2.0, slots_for_v2=True)
@@ -89,12 +89,12 @@ def test_c2_snapshot_with_optimizer_passes_when_every_slot_is_in_the_checkpoint(
     status.assert_existing_objects_matched()
 
 
-def test_c2_snapshot_with_optimizer_reports_a_slot_the_checkpoint_lacks(tmp_path, monkeypatch):
+def test_c2_fingerprint_with_optimizer_reports_a_slot_the_checkpoint_lacks(tmp_path, monkeypatch):
     saved, _ = _trained(1.0, 2.0, slots_for_v2=False)  # no slots for v2 in the checkpoint
     path = Checkpoint(root=saved).write(tmp_path / "ckpt")
     live, optimizer = _trained(0.0, 0.0, slots_for_v2=True)  # the program has them
     status = _status_with_snapshot(Checkpoint(root=live).read(path))
-    monkeypatch.setattr(load_status, "list_objects", _no_walk)  # the snapshot holds: no walk
+    monkeypatch.setattr(load_status, "list_objects", _no_walk)  # the fingerprint holds: no walk
     with pytest.raises(AssertionError, match=r"Found 2 Python objects that were not bound"):
         status.assert_existing_objects_matched()
     with pytest.raises(AssertionError, match="not bound"):
@@ -102,7 +102,7 @@ def test_c2_snapshot_with_optimizer_reports_a_slot_the_checkpoint_lacks(tmp_path
     # The walk's answer is the same.
     monkeypatch.undo()
     walked = Checkpoint(root=live).read(path)
-    assert walked._snapshot is None  # a read with an optimizer records no structure (yet)
+    assert walked._fingerprint is None  # a read with an optimizer records no structure (yet)
     with pytest.raises(AssertionError, match=r"Found 2 Python objects that were not bound"):
         walked.assert_existing_objects_matched()
     walked.expect_partial()
@@ -131,7 +131,7 @@ def test_c2_optimizer_read_answers_from_its_bindings_without_walking(tmp_path, m
     path = Checkpoint(root=saved).write(tmp_path / "ckpt")
     live, _ = _trained(0.0, 0.0, slots_for_v2=True)
     status = Checkpoint(root=live).read(path)
-    assert status._snapshot is None  # slot variables: the read keeps no record
+    assert status._fingerprint is None  # slot variables: the read keeps no record
     monkeypatch.setattr(load_status, "list_objects", _no_walk)
     assert status.assert_consumed() is status
     status.assert_existing_objects_matched().assert_nontrivial_match()
