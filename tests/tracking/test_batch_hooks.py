@@ -69,3 +69,22 @@ def test_a_class_batch_form_serves_its_class_and_not_a_subclass_that_checks_more
         )
     assert _BatchBox.calls == [1]
     assert batch_hook(Trackable, "_whole_value_names") is None
+
+
+def test_batch_hook_keeps_no_class_alive_and_sees_a_batch_form_added_later() -> None:
+    # A program (or a test suite) that makes classes and drops them must not leak them through
+    # the hook, and a batch form patched onto a class after its first save takes effect.
+    import gc
+    import weakref
+
+    made = type("Made", (_Box,), {})
+    assert batch_hook(made, "_whole_value_names") is None
+    ref = weakref.ref(made)
+    del made
+    gc.collect()
+    assert ref() is None
+
+    later = type("Later", (_Box,), {})
+    assert batch_hook(later, "_whole_value_names") is None
+    later._whole_value_names = ("v",)
+    assert batch_hook(later, "_whole_value_names") == ("v",)

@@ -48,7 +48,7 @@ def serialize_many(cls: type[Trackable], objects: list[Trackable]) -> list[Any]:
     Raises:
         InvalidArgumentError: the hook returned another number of results than objects.
     """
-    results = batch_hook(cls, "_serialize_many")(objects)  # type: ignore[arg-type]
+    results = batch_hook(cls, "_serialize_many")(objects)
     if len(results) != len(objects):
         raise InvalidArgumentError(
             f"{cls.__name__}._serialize_many returned {len(results)} results for "

@@ -228,7 +228,7 @@ def _values(
     group_objects = list(map(objects.__getitem__, members))
     values = serialize_many(cls, group_objects)
     object_names = list(map(names.__getitem__, map(id, group_objects)))
-    alike: tuple[str, ...] | None = batch_hook(cls, "_whole_value_names")  # type: ignore[arg-type]
+    alike: tuple[str, ...] | None = batch_hook(cls, "_whole_value_names")
     if alike is None or set(map(len, values)) - {len(alike)}:
         found = set(map(tuple, values))
         alike = found.pop() if len(found) == 1 else None

@@ -430,9 +430,11 @@ class Trackable:
     # per-object path.
 
     _whole_value_names: ClassVar[tuple[str, ...] | None] = None
-    """Set by a class every instance of which saves exactly these values, each one whole array
-    (no slices, no device layout, no callable): the restore walk then plans its objects from the
-    checkpoint's attributes without calling ``_serialize_to_tensors``. None: ask each object."""
+    """Set by a class every instance of which saves exactly these value names, each restored
+    from one whole stored value (never from slices): the restore walk then plans its objects
+    from the checkpoint's attributes without calling ``_serialize_to_tensors``. A value may
+    still be a callable or have a device layout at save time; the serializer checks the names
+    against what the objects return. None: ask each object."""
 
     @classmethod
     def _serialize_many(cls, trackables: Sequence[Trackable]) -> list[dict[str, Any]]:
@@ -477,7 +479,6 @@ _PER_OBJECT = {
 }
 
 
-@functools.cache
 def batch_hook(cls: type[Trackable], name: str) -> Any:
     """``cls``'s batch hook ``name`` (``_serialize_many``, ``_prepare_restores`` or
     ``_whole_value_names``), or :class:`Trackable`'s default (None for ``_whole_value_names``)
@@ -485,6 +486,10 @@ def batch_hook(cls: type[Trackable], name: str) -> Any:
 
     A class's batch form speaks for its own per-object methods only: a ``Variable`` subclass
     that checks more in ``_prepare_restore`` must not be restored by ``Variable``'s batch.
+
+    Asked once per class per save or restore (the engines group objects by class first), so it
+    keeps nothing: a cache keyed on classes would keep classes a program makes and drops alive,
+    and would not see a method added to a class after its first save.
     """
     mro = cls.__mro__
     owner = next(index for index, klass in enumerate(mro) if name in vars(klass))
