@@ -285,39 +285,10 @@ class DcpAsync(System):
         return state
 
 
-class LightningAsync(System):
-    name = "lightning-async"
+class _CheckpointIOSystem(System):
+    """A Lightning ``CheckpointIO`` plug-in handed the flat dict Lightning would hand it."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
-
-        self.io = AsyncCheckpointIO(TorchCheckpointIO())
-
-    def save(self, step: int) -> str | None:
-        path = os.path.join(self.root, f"{self.name}-{step}.ckpt")
-        self.io.save_checkpoint(flat_state(self.model, self.optimizer), path)
-        return path
-
-    def drain(self) -> None:
-        self.io.teardown()
-
-    def read(self, path: str) -> dict[str, torch.Tensor]:
-        loaded: dict[str, torch.Tensor] = torch.load(path, weights_only=True)
-        return loaded
-
-
-class TpLightningLazy(System):
-    """Lightning's plug-in path: ``TrackpointCheckpointIO`` with async lazy saves, given the
-    flat dict Lightning would hand it (detached views and the optimizer's own tensors)."""
-
-    name = "tp-lightning-lazy"
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.io = tp.lightning.TrackpointCheckpointIO(
-            tp.CheckpointOptions(enable_async=True, lazy_snapshot=True)
-        )
+    io: Any
 
     def save(self, step: int) -> str | None:
         path = os.path.join(self.root, f"{self.name}-{step}.ckpt")
@@ -330,6 +301,34 @@ class TpLightningLazy(System):
     def read(self, path: str) -> dict[str, torch.Tensor]:
         loaded: dict[str, torch.Tensor] = self.io.load_checkpoint(path)
         return loaded
+
+
+class LightningAsync(_CheckpointIOSystem):
+    """Lightning's ``AsyncCheckpointIO`` over ``TorchCheckpointIO`` (clones every tensor)."""
+
+    name = "lightning-async"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+
+        self.io = AsyncCheckpointIO(TorchCheckpointIO())
+
+    def read(self, path: str) -> dict[str, torch.Tensor]:
+        loaded: dict[str, torch.Tensor] = torch.load(path, weights_only=True)
+        return loaded
+
+
+class TpLightningLazy(_CheckpointIOSystem):
+    """Lightning's plug-in path: ``TrackpointCheckpointIO`` with async lazy saves."""
+
+    name = "tp-lightning-lazy"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.io = tp.lightning.TrackpointCheckpointIO(
+            tp.CheckpointOptions(enable_async=True, lazy_snapshot=True)
+        )
 
 
 def make(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, root: str,
